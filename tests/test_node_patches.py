@@ -1,0 +1,138 @@
+"""Patches derived from the stack settings equal the ones the seed walkthrough writes by hand."""
+
+from pathlib import Path
+
+import yaml
+
+from providers.node_patches import node_patches
+from providers.settings import load_settings, stack_file_config
+
+STACKS = Path(__file__).resolve().parent.parent / "stacks"
+INSTALLER = "factory.talos.dev/installer/e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885:v1.13.7"
+
+# The seed's hand-written patches, verbatim.
+SEED_INSTALL = yaml.safe_load(f"""
+machine:
+  install:
+    disk: /dev/sda
+    image: {INSTALLER}
+""")
+SEED_NET_MASTER_1 = yaml.safe_load("""
+machine:
+  network:
+    interfaces:
+      - deviceSelector:
+          hardwareAddr: "bc:24:11:80:a1:9b"
+        addresses:
+          - 10.255.200.201/24
+        routes:
+          - network: 0.0.0.0/0
+            gateway: 10.255.200.1
+        dhcp: false
+    nameservers:
+      - 9.9.9.9
+""")
+SEED_ROLE_COMMON = yaml.safe_load("""
+machine:
+  network:
+    kubespan:
+      enabled: true
+      mtu: 1420
+      advertiseKubernetesNetworks: false
+cluster:
+  discovery:
+    enabled: true
+  network:
+    cni:
+      name: none
+  proxy:
+    disabled: true
+""")
+SEED_WORKER_DISK_EXTRA = yaml.safe_load("""
+machine:
+  kernel:
+    modules:
+      - name: iscsi_tcp
+  disks:
+    - device: /dev/sdb
+      partitions:
+        - mountpoint: /var/lib/longhorn
+  kubelet:
+    extraMounts:
+      - destination: /var/lib/longhorn
+        type: bind
+        source: /var/lib/longhorn
+        options:
+          - bind
+          - rshared
+          - rw
+""")
+
+
+def settings(name="test-cluster", **changes):
+    raw = stack_file_config(str(STACKS / f"Pulumi.{name}.yaml"))
+    for key, value in changes.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return load_settings(raw)
+
+
+def by_node(s):
+    return {n.name: node_patches(s, n, INSTALLER) for n in s.nodes}
+
+
+def test_seed_patches_for_master_1_and_a_data_disk_worker():
+    patches = by_node(settings(ccm={"enabled": False}))
+    master = patches["master-1"]
+    assert master[0] == SEED_INSTALL
+    assert master[2] == SEED_ROLE_COMMON
+    assert master[3] == SEED_NET_MASTER_1
+    assert len(master) == 4
+    worker = patches["worker-1"]
+    assert worker[2] == SEED_ROLE_COMMON and worker[4] == SEED_WORKER_DISK_EXTRA
+    assert len(patches["worker-4"]) == 4  # no disk, no modules: nothing beyond the common set
+
+
+def test_cluster_network_is_replaced_not_appended():
+    ops = by_node(settings())["master-1"][1]
+    assert ops == [
+        {"op": "replace", "path": "/cluster/network/dnsDomain", "value": "cluster.local"},
+        {"op": "replace", "path": "/cluster/network/podSubnets", "value": ["10.244.0.0/16"]},
+        {"op": "replace", "path": "/cluster/network/serviceSubnets", "value": ["10.96.0.0/12"]},
+    ]
+
+
+def test_ccm_settings_on_every_node_and_talos_api_access_on_control_planes_only():
+    patches = by_node(settings())
+    for name, plist in patches.items():
+        ccm = plist[3]
+        assert ccm["machine"]["kubelet"]["extraArgs"] == {
+            "cloud-provider": "external", "rotate-server-certificates": "true"}
+        access = ccm["machine"].get("features", {}).get("kubernetesTalosAPIAccess")
+        if name.startswith("master"):
+            assert access == {"enabled": True, "allowedRoles": ["os:reader"],
+                              "allowedKubernetesNamespaces": ["kube-system"]}
+        else:
+            assert access is None
+
+
+def test_vip_goes_on_control_plane_interfaces_only():
+    s = settings("dev")
+    cp, worker = (node_patches(s, n, INSTALLER) for n in s.nodes)
+    net = lambda plist: next(p for p in plist if isinstance(p, dict) and "interfaces" in p.get("machine", {}).get("network", {}))
+    assert net(cp)["machine"]["network"]["interfaces"][0]["vip"] == {"ip": "10.10.0.50"}
+    assert "vip" not in net(worker)["machine"]["network"]["interfaces"][0]
+    # KubeSpan is off in dev, so the common patch carries no machine section.
+    assert cp[2] == {"cluster": {"discovery": {"enabled": True}, "network": {"cni": {"name": "none"}},
+                                 "proxy": {"disabled": True}}}
+
+
+def test_user_patches_come_last_cluster_then_role_then_node():
+    raw = stack_file_config(str(STACKS / "Pulumi.dev.yaml"))
+    raw["cluster"]["patches"] = [{"machine": {"sysctls": {"a": "1"}}}]
+    raw["cluster"]["rolePatches"] = {"worker": [[{"op": "add", "path": "/machine/sysctls/b", "value": "2"}]]}
+    raw["nodes"][1]["patches"] = [{"machine": {"sysctls": {"c": "3"}}}]
+    s = load_settings(raw)
+    worker = node_patches(s, s.nodes[1], INSTALLER)
+    assert worker[-3:] == [raw["cluster"]["patches"][0], raw["cluster"]["rolePatches"]["worker"][0],
+                           raw["nodes"][1]["patches"][0]]
+    assert node_patches(s, s.nodes[0], INSTALLER)[-1] == raw["cluster"]["patches"][0]
