@@ -2,7 +2,8 @@
 
 The bundle is a plain dict with exactly the shape talosctl writes to secrets.yaml:
 
-    cluster:    {id, secret}                                  base64 of 32 random bytes each
+    cluster:    {id, secret}                                  32 random bytes each: id URL-safe base64
+                                                              (as v1.12/v1.13 write it), secret base64
     secrets:    {bootstraptoken, secretboxencryptionsecret}   "[a-z0-9]{6}.[a-z0-9]{16}", base64 of 32 bytes
                 (aescbcencryptionsecret instead of secretbox for contracts <= v1.2)
     trustdinfo: {token}                                       "[a-z0-9]{6}.[a-z0-9]{16}"
@@ -62,8 +63,9 @@ def _token(first: int = 6, second: int = 16) -> str:
     return f"{pick(first)}.{pick(second)}"
 
 
-def _b64_random(size: int) -> str:
-    return base64.b64encode(_random.token_bytes(size)).decode("ascii")
+def _b64_random(size: int, *, urlsafe: bool = False) -> str:
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    return encode(_random.token_bytes(size)).decode("ascii")
 
 
 def generate_secrets(talos_version: str) -> dict:
@@ -87,7 +89,7 @@ def generate_secrets(talos_version: str) -> dict:
 
     encryption_field = "secretboxencryptionsecret" if contract > (1, 2) else "aescbcencryptionsecret"
     return {
-        "cluster": {"id": _b64_random(CLUSTER_ID_SIZE), "secret": _b64_random(CLUSTER_SECRET_SIZE)},
+        "cluster": {"id": _b64_random(CLUSTER_ID_SIZE, urlsafe=True), "secret": _b64_random(CLUSTER_SECRET_SIZE)},
         "secrets": {"bootstraptoken": _token(), encryption_field: _b64_random(ENCRYPTION_SECRET_SIZE)},
         "trustdinfo": {"token": _token()},
         "certs": {
@@ -207,10 +209,11 @@ def validate_secrets(bundle: Mapping[str, Any]) -> None:
 
 
 def _is_b64_of(value, size: int) -> bool:
+    """Standard or URL-safe base64 of `size` bytes (Talos wrote cluster.id URL-safe up to v1.13)."""
     if not isinstance(value, str):
         return False
     try:
-        return len(base64.b64decode(value, validate=True)) == size
+        return len(base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)) == size
     except ValueError:
         return False
 

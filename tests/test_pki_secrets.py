@@ -30,8 +30,8 @@ def test_bundle_has_the_shape_talosctl_writes(bundle):
     assert set(bundle["trustdinfo"]) == {"token"}
     assert list(bundle["certs"]) == ["etcd", "k8s", "k8saggregator", "k8sserviceaccount", "os"]
     assert set(bundle["certs"]["k8sserviceaccount"]) == {"key"}
-    for value in ("id", "secret"):
-        assert len(base64.b64decode(bundle["cluster"][value], validate=True)) == 32
+    assert len(base64.urlsafe_b64decode(bundle["cluster"]["id"])) == 32  # URL-safe, as v1.12/v1.13 write it
+    assert len(base64.b64decode(bundle["cluster"]["secret"], validate=True)) == 32
     assert len(base64.b64decode(bundle["secrets"]["secretboxencryptionsecret"], validate=True)) == 32
     assert talos_secrets.TOKEN_RE.match(bundle["secrets"]["bootstraptoken"])
     assert talos_secrets.TOKEN_RE.match(bundle["trustdinfo"]["token"])
