@@ -1,0 +1,416 @@
+"""A stand-in Talos node for tests and benchmarks: machine.MachineService on 127.0.0.1 over real TLS.
+
+Shape of the far side it stands in for:
+  - maintenance mode: TLS with an Ed25519 certificate from a CA made at "boot", no client
+    certificate asked for; ApplyConfiguration and Version only. An applied config makes the node
+    "install and reboot": the listener goes away for `install_downtime` seconds and comes back in
+    configured mode.
+  - configured mode: mutual TLS; server certificate issued by the bundle's OS CA (Ed25519, SAN
+    127.0.0.1), client certificates must chain to the OS CA (plus `accepted_cas`); the client
+    certificate's Organization is its role, os:admin may call everything, os:reader only reads.
+
+TLS is terminated by Python's ssl (OpenSSL; grpcio's BoringSSL cannot do Ed25519, see
+providers/talos_api/tls_bridge.py) in front of a plaintext grpcio server on another loopback port;
+the service learns the caller's roles from the relay's connection table.
+
+Test hooks: `calls` records every request (raw bytes, decoded message, gRPC metadata, roles,
+mode); `fail_next(rpc, code, details, times)` injects errors; `delays[rpc]` sleeps before
+answering; `behaviours[rpc] = fn(node, request, context)` replaces an RPC's answer; `reboot()`,
+`go_down()`, `come_up()` drive the listener. State (`config`, `staged_config`, `bootstrapped`,
+`etcd_members`, `services`, `version_tag`, `kubeconfig_yaml`, `kubeconfig_format`) is plain
+attributes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import io
+import select
+import socket
+import ssl
+import tarfile
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import grpc
+from google.protobuf import message_factory
+
+from providers import pki, talos_secrets
+from providers.talos_api import tls_bridge
+from providers.talos_api.client import ClientCredentials
+from providers.talos_api.generated.common import common_pb2
+from providers.talos_api.generated.machine import machine_pb2
+
+SERVICE = machine_pb2.DESCRIPTOR.services_by_name["MachineService"]
+MAINTENANCE_RPCS = {"ApplyConfiguration", "Version"}
+READER_RPCS = {"Version", "ServiceList", "EtcdMemberList"}
+Mode = machine_pb2.ApplyConfigurationRequest
+
+
+@dataclass
+class RecordedCall:
+    rpc: str
+    raw: bytes
+    request: Any
+    metadata: dict[str, list[str]]
+    roles: tuple[str, ...]
+    mode: str
+    at: float = field(default_factory=time.monotonic)
+
+
+def talos_style_tgz(name: str, content: bytes) -> bytes:
+    """A .tar.gz as Talos's Kubeconfig RPC writes it: the gzip stream is closed but the tar writer
+    is not, so the last member's padding and the end-of-archive blocks are missing."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(content), 0o600, int(time.time())
+        archive.addfile(info, io.BytesIO(content))
+    return gzip.compress(buffer.getvalue()[: tarfile.BLOCKSIZE + len(content)])
+
+
+def _pump_both_ways(tls: ssl.SSLSocket, plain: socket.socket) -> None:
+    """Relay between a TLS socket and a plain one from a single thread (OpenSSL objects must not
+    be read and written from two threads at once) until either side closes."""
+    while True:
+        readable = [tls] if tls.pending() else select.select([tls, plain], [], [])[0]
+        try:
+            for sock in readable:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                (plain if sock is tls else tls).sendall(data)
+        except (OSError, ssl.SSLError):
+            return
+
+
+def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredentials:
+    """A client identity as talosctl's talosconfig holds it: Ed25519 certificate from the OS CA."""
+    ca_pem, ca_key = talos_secrets.ca_pair(bundle, "os")
+    cert, key = pki.issue_certificate(ca_pem, ca_key, organizations=[role], client=True, key_type="ed25519")
+    return ClientCredentials(ca_pem=ca_pem, cert_pem=cert, key_pem=pki.talos_key_pem(key))
+
+
+class FakeTalosNode:
+    def __init__(
+        self,
+        bundle: dict,
+        *,
+        mode: str = "maintenance",
+        hostname: str = "talos-stand-in",
+        install_downtime: float = 0.3,
+        accepted_cas: tuple[bytes, ...] = (),
+        version_tag: str = "v1.11.5",
+    ):
+        self.hostname = hostname
+        self.install_downtime = install_downtime
+        self.version_tag = version_tag
+        self.config: bytes | None = None
+        self.staged_config: bytes | None = None
+        self.bootstrapped = False
+        self.reset_requested = False
+        self.kubeconfig_yaml = "apiVersion: v1\nkind: Config\nclusters: []\n"
+        self.kubeconfig_format = "tgz"  # or "plain"
+        self.kubeconfig_chunk = 0  # split the stream into chunks of this many bytes (0: one message)
+        self.etcd_members = [machine_pb2.EtcdMember(id=0x1234ABCD, hostname=hostname,
+                                                    peer_urls=["https://127.0.0.1:2380"],
+                                                    client_urls=["https://127.0.0.1:2379"])]
+        self.services = [machine_pb2.ServiceInfo(id=name, state="Running",
+                                                 health=machine_pb2.ServiceHealth(healthy=True))
+                         for name in ("apid", "etcd", "kubelet", "machined", "trustd")]
+        self.calls: list[RecordedCall] = []
+        self.delays: dict[str, float] = {}
+        self.behaviours: dict[str, Callable] = {}
+        self._failures: dict[str, list[tuple[grpc.StatusCode, str]]] = {}
+        self._lock = threading.Lock()
+
+        os_ca, os_key = talos_secrets.ca_pair(bundle, "os")
+        self._client_cas = b"".join((os_ca,) + tuple(accepted_cas))
+        self._configured_identity = pki.issue_certificate(
+            os_ca, os_key, common_name=hostname, ip_addresses=["127.0.0.1"], key_type="ed25519", server=True)
+        maintenance_ca, maintenance_key = pki.new_ca(key_type="ed25519")
+        self._maintenance_identity = pki.issue_certificate(
+            maintenance_ca, maintenance_key, common_name="maintenance-service.talos.dev",
+            ip_addresses=["127.0.0.1"], key_type="ed25519", server=True)
+
+        self._backend = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        self._backend.add_generic_rpc_handlers((self._handlers(),))
+        self._backend_port = self._backend.add_insecure_port("127.0.0.1:0")
+        self._backend.start()
+
+        self._roles_by_port: dict[int, tuple[str, ...]] = {}
+        self._open: set[socket.socket] = set()
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self.mode = mode
+        self.come_up()
+
+    # --- addresses and lifecycle -----------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _tls_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.set_alpn_protocols(["h2"])
+        cert, key = self._maintenance_identity if self.mode == "maintenance" else self._configured_identity
+        tls_bridge.load_cert_chain(context, cert, key)
+        if self.mode == "configured":
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cadata=self._client_cas.decode("ascii"))
+        return context
+
+    def come_up(self, mode: str | None = None) -> None:
+        """Start listening (on the same port as before, if any), optionally in another mode."""
+        if mode is not None:
+            self.mode = mode
+        context = self._tls_context()
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept_loop, args=(listener, context), daemon=True).start()
+
+    def go_down(self) -> None:
+        """Stop listening and drop open connections, as a powered-off node would."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in another thread
+            except OSError:
+                pass
+            listener.close()
+        with self._lock:
+            sockets, self._open = self._open, set()
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def reboot(self, downtime: float, mode: str | None = None, after: float = 0.05) -> None:
+        """In `after` seconds (so a reply in flight still leaves) go down, then come up in `mode`."""
+
+        def cycle():
+            time.sleep(after)
+            self.go_down()
+            time.sleep(downtime)
+            self.come_up(mode)
+
+        threading.Thread(target=cycle, daemon=True).start()
+
+    def stop(self) -> None:
+        self.go_down()
+        self._backend.stop(0)
+
+    def _accept_loop(self, listener: socket.socket, context: ssl.SSLContext) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # listener closed by go_down
+                return
+            threading.Thread(target=self._serve_connection, args=(conn, context), daemon=True).start()
+
+    def _serve_connection(self, conn: socket.socket, context: ssl.SSLContext) -> None:
+        """Terminate TLS with blocking OpenSSL calls, which, like Go's crypto/tls, send the alert
+        (certificate required, unknown CA, ...) before closing when a handshake fails."""
+        with self._lock:
+            self._open.add(conn)
+        try:
+            conn.settimeout(10)
+            tls = context.wrap_socket(conn, server_side=True)  # detaches conn
+            tls.settimeout(None)
+        except (OSError, ssl.SSLError):
+            conn.close()
+            return
+        peer = tls.getpeercert() or {}
+        roles = tuple(value for rdn in peer.get("subject", ()) for key, value in rdn if key == "organizationName")
+        backend = socket.create_connection(("127.0.0.1", self._backend_port))
+        local_port = backend.getsockname()[1]
+        self._roles_by_port[local_port] = roles
+        with self._lock:
+            self._open.update((tls, backend))
+        try:
+            _pump_both_ways(tls, backend)
+        finally:
+            self._roles_by_port.pop(local_port, None)
+            with self._lock:
+                self._open.difference_update((conn, tls, backend))
+            tls.close()
+            backend.close()
+
+    # --- test hooks ----------------------------------------------------------------------------
+
+    def fail_next(self, rpc: str, code: grpc.StatusCode, details: str = "", times: int = 1) -> None:
+        with self._lock:
+            self._failures.setdefault(rpc, []).extend([(code, details)] * times)
+
+    def calls_for(self, rpc: str) -> list[RecordedCall]:
+        return [call for call in self.calls if call.rpc == rpc]
+
+    # --- gRPC service --------------------------------------------------------------------------
+
+    def _handlers(self) -> grpc.GenericRpcHandler:
+        handlers = {}
+        for method in SERVICE.methods:
+            request_class = message_factory.GetMessageClass(method.input_type)
+            serve = self._serve_unary if not method.server_streaming else self._serve_stream
+            handler = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                       else grpc.unary_unary_rpc_method_handler)
+            # request_deserializer=None hands us the raw request bytes, which tests inspect.
+            handlers[method.name] = handler(
+                self._bind(serve, method.name, request_class),
+                request_deserializer=None,
+                response_serializer=lambda message: message.SerializeToString(),
+            )
+        return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+
+    @staticmethod
+    def _bind(serve, rpc, request_class):
+        return lambda raw, context: serve(rpc, request_class, raw, context)
+
+    def _prepare(self, rpc: str, request_class, raw: bytes, context: grpc.ServicerContext):
+        request = request_class.FromString(raw)
+        metadata: dict[str, list[str]] = {}
+        for key, value in context.invocation_metadata():
+            metadata.setdefault(key, []).append(value)
+        port = int(context.peer().rsplit(":", 1)[1])
+        roles = self._roles_by_port.get(port, ())
+        self.calls.append(RecordedCall(rpc, raw, request, metadata, roles, self.mode))
+        if self.delays.get(rpc):
+            time.sleep(self.delays[rpc])
+        with self._lock:
+            queued = self._failures.get(rpc)
+            failure = queued.pop(0) if queued else None
+        if failure is not None:
+            context.abort(*failure)
+        if self.mode == "maintenance" and rpc not in MAINTENANCE_RPCS:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not available in maintenance mode")
+        if self.mode == "configured" and "os:admin" not in roles and not (rpc in READER_RPCS and "os:reader" in roles):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "not authorized")
+        return request, metadata
+
+    def _targets(self, metadata) -> list[str | None]:
+        return metadata.get("nodes") or metadata.get("node") or [None]
+
+    def _serve_unary(self, rpc, request_class, raw, context):
+        request, metadata = self._prepare(rpc, request_class, raw, context)
+        behaviour = self.behaviours.get(rpc) or getattr(self, f"_rpc_{rpc}")
+        reply = behaviour(self, request, context) if rpc in self.behaviours else behaviour(request, context)
+        # apid fills in which node each part of a proxied reply came from.
+        template = reply.messages[0] if len(reply.messages) else None
+        if template is not None:
+            del reply.messages[:]
+            for target in self._targets(metadata):
+                message = reply.messages.add()
+                message.CopyFrom(template)
+                if target is not None:
+                    message.metadata.hostname = target
+        return reply
+
+    def _serve_stream(self, rpc, request_class, raw, context):
+        request, metadata = self._prepare(rpc, request_class, raw, context)
+        behaviour = self.behaviours.get(rpc) or getattr(self, f"_rpc_{rpc}")
+        chunks = behaviour(self, request, context) if rpc in self.behaviours else behaviour(request, context)
+        target = self._targets(metadata)[0]
+        for chunk in chunks:
+            if target is not None:
+                chunk.metadata.hostname = target
+            yield chunk
+
+    # --- default behaviour of each RPC, after Talos --------------------------------------------
+
+    def _rpc_Version(self, request, context):
+        return machine_pb2.VersionResponse(messages=[machine_pb2.Version(
+            version=machine_pb2.VersionInfo(tag=self.version_tag, os="Talos", arch="amd64"),
+            platform=machine_pb2.PlatformInfo(name="nocloud", mode="cloud"))])
+
+    def _rpc_ApplyConfiguration(self, request, context):
+        mode = request.mode
+        if mode == Mode.REBOOT:
+            if self.mode != "maintenance":
+                context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                              "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead")
+            mode = Mode.NO_REBOOT
+        if mode == Mode.AUTO:
+            mode = Mode.NO_REBOOT
+        details = {Mode.NO_REBOOT: "Applied configuration without a reboot", Mode.TRY: "Applied configuration without a reboot",
+                   Mode.STAGED: "Staged configuration to be applied after the next reboot"}[mode]
+        if request.dry_run:
+            diff = "".join(difflib.unified_diff((self.config or b"").decode().splitlines(True),
+                                                request.data.decode().splitlines(True)))
+            return machine_pb2.ApplyConfigurationResponse(messages=[machine_pb2.ApplyConfiguration(
+                mode=mode, mode_details=f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{diff or 'No changes.'}")])
+        if mode == Mode.STAGED:
+            self.staged_config = request.data
+        else:
+            self.config = request.data
+        if mode == Mode.TRY:
+            timeout = request.try_mode_timeout.ToTimedelta() if request.HasField("try_mode_timeout") else "1m0s"
+            details += f"\nThe config is applied in 'try' mode and will be automatically reverted back in {timeout}"
+        if self.mode == "maintenance":
+            # a maintenance node installs and reboots into the applied configuration
+            self.reboot(self.install_downtime, mode="configured")
+        return machine_pb2.ApplyConfigurationResponse(messages=[machine_pb2.ApplyConfiguration(
+            mode=mode, mode_details=details)])
+
+    def _rpc_Reboot(self, request, context):
+        def apply_staged():
+            if self.staged_config is not None:
+                self.config, self.staged_config = self.staged_config, None
+        apply_staged()
+        self.reboot(self.install_downtime)
+        return machine_pb2.RebootResponse(messages=[machine_pb2.Reboot(actor_id="stand-in")])
+
+    def _rpc_Bootstrap(self, request, context):
+        if self.bootstrapped:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, "etcd data directory is not empty")
+        self.bootstrapped = True
+        return machine_pb2.BootstrapResponse(messages=[machine_pb2.Bootstrap()])
+
+    def _rpc_Kubeconfig(self, request, context):
+        content = self.kubeconfig_yaml.encode()
+        payload = talos_style_tgz("kubeconfig", content) if self.kubeconfig_format == "tgz" else content
+        size = self.kubeconfig_chunk or len(payload)
+        return [common_pb2.Data(bytes=payload[i:i + size]) for i in range(0, len(payload), size)]
+
+    def _rpc_EtcdMemberList(self, request, context):
+        return machine_pb2.EtcdMemberListResponse(messages=[machine_pb2.EtcdMembers(members=self.etcd_members)])
+
+    def _rpc_EtcdLeaveCluster(self, request, context):
+        self.etcd_members = [m for m in self.etcd_members if m.hostname != self.hostname]
+        return machine_pb2.EtcdLeaveClusterResponse(messages=[machine_pb2.EtcdLeaveCluster()])
+
+    def _rpc_EtcdRemoveMemberByID(self, request, context):
+        if not any(m.id == request.member_id for m in self.etcd_members):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"member {request.member_id:x} not found")
+        self.etcd_members = [m for m in self.etcd_members if m.id != request.member_id]
+        return machine_pb2.EtcdRemoveMemberByIDResponse(messages=[machine_pb2.EtcdRemoveMemberByID()])
+
+    def _rpc_ServiceList(self, request, context):
+        return machine_pb2.ServiceListResponse(messages=[machine_pb2.ServiceList(services=self.services)])
+
+    def _rpc_Reset(self, request, context):
+        self.reset_requested = True
+        if request.reboot:
+            self.reboot(self.install_downtime, mode="maintenance")
+        else:
+            threading.Timer(0.05, self.go_down).start()
+        return machine_pb2.ResetResponse(messages=[machine_pb2.Reset(actor_id="stand-in")])
+
+    def _rpc_Upgrade(self, request, context):
+        tag = request.image.rsplit(":", 1)[-1] if ":" in request.image else self.version_tag
+
+        def upgraded():
+            self.version_tag = tag
+        self.reboot(self.install_downtime)
+        threading.Timer(0.05, upgraded).start()
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received",
+                                                                         actor_id="stand-in")])
