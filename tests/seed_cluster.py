@@ -1,0 +1,128 @@
+"""The seed walkthrough's nine-node test cluster as patch inputs (talos-proxmox-cilium-walkthrough).
+
+3 control planes 10.255.200.201-203, workers .204-.209 of which .204-.206 have the /dev/sdb data
+disk. The seed shows only master-1's MAC (bc:24:11:80:a1:9b); the others are made up in the same
+Proxmox prefix. Shared by the machine-config and provider tests and by bench/render_configs.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from providers.talos_secrets import generate_secrets
+
+CLUSTER_NAME = "test-cluster"
+ENDPOINT = "https://10.255.200.201:6443"
+TALOS_VERSION = "v1.13.7"
+KUBERNETES_VERSION = "1.34.1"
+SCHEMATIC = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
+INSTALLER = f"factory.talos.dev/installer/{SCHEMATIC}:{TALOS_VERSION}"
+
+PATCH_INSTALL = f"""\
+machine:
+  install:
+    disk: /dev/sda
+    image: {INSTALLER}
+"""
+
+_KUBESPAN_CNI_PROXY = """\
+machine:
+  network:
+    kubespan:
+      enabled: true
+      mtu: 1420
+      advertiseKubernetesNetworks: false
+cluster:
+  discovery:
+    enabled: true
+  network:
+    cni:
+      name: none
+  proxy:
+    disabled: true
+"""
+
+PATCH_CONTROLPLANE = _KUBESPAN_CNI_PROXY
+PATCH_WORKER_WITHOUT_DISK = _KUBESPAN_CNI_PROXY
+PATCH_WORKER_WITH_DISK = """\
+machine:
+  kernel:
+    modules:
+      - name: iscsi_tcp
+  disks:
+    - device: /dev/sdb
+      partitions:
+        - mountpoint: /var/lib/longhorn
+  kubelet:
+    extraMounts:
+      - destination: /var/lib/longhorn
+        type: bind
+        source: /var/lib/longhorn
+        options:
+          - bind
+          - rshared
+          - rw
+  network:
+    kubespan:
+      enabled: true
+      mtu: 1420
+      advertiseKubernetesNetworks: false
+cluster:
+  discovery:
+    enabled: true
+  network:
+    cni:
+      name: none
+  proxy:
+    disabled: true
+"""
+
+
+def network_patch(mac: str, address: str) -> str:
+    return f"""\
+machine:
+  network:
+    interfaces:
+      - deviceSelector:
+          hardwareAddr: "{mac}"
+        addresses:
+          - {address}/24
+        routes:
+          - network: 0.0.0.0/0
+            gateway: 10.255.200.1
+        dhcp: false
+    nameservers:
+      - 9.9.9.9
+"""
+
+
+def nodes() -> list[dict]:
+    """name, role, ip, mac, data_disk for each of the nine seed nodes."""
+    result = []
+    for index in range(9):
+        ip = f"10.255.200.{201 + index}"
+        role = "controlplane" if index < 3 else "worker"
+        name = f"master-{index + 1}" if index < 3 else f"worker-{index - 2}"
+        mac = "bc:24:11:80:a1:9b" if index == 0 else f"bc:24:11:80:a1:{0xa0 + index:02x}"
+        result.append({"name": name, "role": role, "ip": ip, "mac": mac, "data_disk": 3 <= index <= 5})
+    return result
+
+
+def node_patches(node: dict, *, role_patches: dict | None = None) -> list:
+    """The patches the seed passes to `talosctl apply-config` for one node, in order."""
+    patches = role_patches or {
+        "controlplane": PATCH_CONTROLPLANE,
+        "worker-disk": PATCH_WORKER_WITH_DISK,
+        "worker": PATCH_WORKER_WITHOUT_DISK,
+    }
+    if node["role"] == "controlplane":
+        role_patch = patches["controlplane"]
+    else:
+        role_patch = patches["worker-disk"] if node["data_disk"] else patches["worker"]
+    return [PATCH_INSTALL, role_patch, network_patch(node["mac"], node["ip"])]
+
+
+@functools.lru_cache(maxsize=1)
+def shared_bundle() -> dict:
+    """One generated bundle per test session (RSA-4096 generation is the slow part)."""
+    return generate_secrets(TALOS_VERSION)

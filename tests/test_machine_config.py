@@ -1,0 +1,399 @@
+"""Machine configuration rendering: gen-config defaults, the seed's nine nodes, merge rules, refusals."""
+
+import copy
+
+import pytest
+
+from providers import machine_config as mc
+from providers import talos_secrets, talos_yaml
+from providers.machine_config import MachineConfigError, parse_config, render
+from tests import seed_cluster as seed
+
+DISK = {"machine": {"install": {"disk": "/dev/sda"}}}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+def _render(bundle, role="worker", patches=(DISK,), version=seed.TALOS_VERSION):
+    return render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, role, version, seed.KUBERNETES_VERSION, list(patches))
+
+
+def _v1alpha1(text):
+    docs = parse_config(text)
+    return next(d for d in docs if "apiVersion" not in d)
+
+
+def _secret_values(bundle):
+    return [s for s in talos_secrets.secret_strings(bundle) if len(s) >= 8]
+
+
+# --- defaults ----------------------------------------------------------------------------------
+
+
+def test_controlplane_defaults_match_gen_config_for_v1_13(bundle):
+    text = _render(bundle, "controlplane")
+    docs = parse_config(text)
+    assert [d.get("kind", "v1alpha1") for d in docs] == ["v1alpha1", "HostnameConfig"]
+    assert docs[1] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"}
+    cfg = docs[0]
+    assert list(cfg) == ["version", "debug", "persist", "machine", "cluster"]
+    machine, cluster = cfg["machine"], cfg["cluster"]
+    assert list(machine) == ["type", "token", "ca", "certSANs", "kubelet", "install", "features", "nodeLabels"]
+    assert machine["type"] == "controlplane"
+    assert machine["token"] == bundle["trustdinfo"]["token"]
+    assert machine["ca"] == bundle["certs"]["os"]
+    assert machine["kubelet"] == {
+        "image": "ghcr.io/siderolabs/kubelet:v1.34.1",
+        "defaultRuntimeSeccompProfileEnabled": True,
+        "disableManifestsDirectory": True,
+    }
+    assert machine["install"] == {"disk": "/dev/sda", "image": "ghcr.io/siderolabs/installer:v1.13.7",
+                                  "wipe": False, "grubUseUKICmdline": True}
+    assert machine["features"] == {
+        "diskQuotaSupport": True,
+        "kubePrism": {"enabled": True, "port": 7445},
+        "hostDNS": {"enabled": True, "forwardKubeDNSToHost": True},
+    }
+    assert machine["nodeLabels"] == {"node.kubernetes.io/exclude-from-external-load-balancers": ""}
+    assert list(cluster) == ["id", "secret", "controlPlane", "clusterName", "network", "token",
+                             "secretboxEncryptionSecret", "ca", "aggregatorCA", "serviceAccount", "apiServer",
+                             "controllerManager", "proxy", "scheduler", "discovery", "etcd"]
+    assert cluster["network"] == {"dnsDomain": "cluster.local", "podSubnets": ["10.244.0.0/16"],
+                                  "serviceSubnets": ["10.96.0.0/12"]}
+    assert cluster["controlPlane"] == {"endpoint": seed.ENDPOINT}
+    assert cluster["token"] == bundle["secrets"]["bootstraptoken"]
+    assert cluster["secretboxEncryptionSecret"] == bundle["secrets"]["secretboxencryptionsecret"]
+    assert cluster["etcd"]["ca"] == bundle["certs"]["etcd"]
+    assert cluster["serviceAccount"] == bundle["certs"]["k8sserviceaccount"]
+    assert cluster["apiServer"]["image"] == "registry.k8s.io/kube-apiserver:v1.34.1"
+    assert cluster["apiServer"]["admissionControl"][0]["name"] == "PodSecurity"
+    assert cluster["apiServer"]["auditPolicy"]["rules"] == [{"level": "Metadata"}]
+    assert cluster["controllerManager"]["image"] == "registry.k8s.io/kube-controller-manager:v1.34.1"
+    assert cluster["scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.34.1"
+    assert cluster["proxy"]["image"] == "registry.k8s.io/kube-proxy:v1.34.1"
+    assert cluster["discovery"] == {"enabled": True, "registries": {"kubernetes": {"disabled": True}, "service": {}}}
+
+
+def test_worker_defaults_carry_no_controlplane_secrets(bundle):
+    cfg = _v1alpha1(_render(bundle, "worker"))
+    assert cfg["machine"]["ca"] == {"crt": bundle["certs"]["os"]["crt"], "key": ""}
+    assert cfg["cluster"]["ca"] == {"crt": bundle["certs"]["k8s"]["crt"], "key": ""}
+    assert "nodeLabels" not in cfg["machine"]
+    assert list(cfg["cluster"]) == ["id", "secret", "controlPlane", "clusterName", "network", "token", "ca", "discovery"]
+    text = _render(bundle, "worker")
+    for value in (bundle["certs"]["os"]["key"], bundle["certs"]["k8s"]["key"], bundle["certs"]["etcd"]["key"],
+                  bundle["certs"]["k8sserviceaccount"]["key"], bundle["secrets"]["secretboxencryptionsecret"]):
+        assert value not in text
+
+
+def test_v1_12_contract_keeps_empty_machine_network(bundle):
+    cfg = _v1alpha1(_render(bundle, "worker", version="v1.12.4"))
+    assert list(cfg["machine"])[:6] == ["type", "token", "ca", "certSANs", "kubelet", "network"]
+    assert cfg["machine"]["network"] == {}
+    assert cfg["machine"]["install"]["image"] == "ghcr.io/siderolabs/installer:v1.12.4"
+
+
+def test_layout_is_talosctl_yaml(bundle):
+    text = _render(bundle, "controlplane")
+    assert text.startswith("version: v1alpha1\ndebug: false\npersist: true\nmachine:\n    type: controlplane\n")
+    assert "    certSANs: []\n" in text
+    assert "        podSubnets:\n            - 10.244.0.0/16\n" in text
+    assert "            - name: PodSecurity\n              configuration:\n                apiVersion: pod-security" in text
+    assert '        node.kubernetes.io/exclude-from-external-load-balancers: ""\n' in text
+    assert text.endswith("---\napiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n")
+
+
+# --- the seed's nine nodes ---------------------------------------------------------------------
+
+
+def _render_seed(bundle, role_patches=None):
+    return {
+        node["name"]: render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, node["role"], seed.TALOS_VERSION,
+                             seed.KUBERNETES_VERSION, seed.node_patches(node, role_patches=role_patches))
+        for node in seed.nodes()
+    }
+
+
+def test_seed_nine_nodes_render_what_the_walkthrough_applies(bundle):
+    configs = _render_seed(bundle)
+    assert len(configs) == 9
+    for node in seed.nodes():
+        cfg = _v1alpha1(configs[node["name"]])
+        machine, cluster = cfg["machine"], cfg["cluster"]
+        assert machine["type"] == node["role"]
+        assert machine["install"]["disk"] == "/dev/sda"
+        assert machine["install"]["image"] == seed.INSTALLER
+        assert machine["network"]["kubespan"] == {"enabled": True, "advertiseKubernetesNetworks": False, "mtu": 1420}
+        assert machine["network"]["interfaces"] == [{
+            "deviceSelector": {"hardwareAddr": node["mac"]},
+            "addresses": [f"{node['ip']}/24"],
+            "routes": [{"network": "0.0.0.0/0", "gateway": "10.255.200.1"}],
+            "dhcp": False,
+        }]
+        assert machine["network"]["nameservers"] == ["9.9.9.9"]
+        assert cluster["network"]["cni"] == {"name": "none"}
+        assert cluster["proxy"]["disabled"] is True
+        assert cluster["discovery"]["enabled"] is True
+        assert cluster["controlPlane"]["endpoint"] == "https://10.255.200.201:6443"
+        assert cluster["clusterName"] == "test-cluster"
+        if node["data_disk"]:
+            assert machine["kernel"] == {"modules": [{"name": "iscsi_tcp"}]}
+            assert machine["disks"] == [{"device": "/dev/sdb", "partitions": [{"mountpoint": "/var/lib/longhorn"}]}]
+            assert machine["kubelet"]["extraMounts"] == [{
+                "destination": "/var/lib/longhorn", "type": "bind", "source": "/var/lib/longhorn",
+                "options": ["bind", "rshared", "rw"],
+            }]
+        else:
+            assert "kernel" not in machine and "disks" not in machine and "extraMounts" not in machine["kubelet"]
+        if node["role"] == "controlplane":
+            assert cluster["proxy"] == {"disabled": True, "image": "registry.k8s.io/kube-proxy:v1.34.1"}
+            assert "etcd" in cluster and "apiServer" in cluster
+        else:
+            assert cluster["proxy"] == {"disabled": True}
+    # Struct order as Talos writes it: network before disks before install; kernel after features.
+    worker1 = _v1alpha1(configs["worker-1"])["machine"]
+    assert list(worker1) == ["type", "token", "ca", "certSANs", "kubelet", "network", "disks", "install", "features", "kernel"]
+    assert list(worker1["network"]) == ["interfaces", "nameservers", "kubespan"]
+    assert '                hardwareAddr: bc:24:11:80:a1:9b\n' not in configs["worker-1"]  # master-1 has that MAC
+    assert '                hardwareAddr: bc:24:11:80:a1:9b\n' in configs["master-1"]
+
+
+def test_render_is_deterministic_and_independent_of_patch_key_order(bundle):
+    node = seed.nodes()[3]
+    first = render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", seed.TALOS_VERSION, seed.KUBERNETES_VERSION,
+                   seed.node_patches(node))
+    second = render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", seed.TALOS_VERSION, seed.KUBERNETES_VERSION,
+                    seed.node_patches(node))
+    assert first == second
+    reordered = [talos_yaml.load_documents(p)[0] for p in seed.node_patches(node)]
+    reordered = [dict(reversed(list(p.items()))) for p in reordered]
+    assert render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", seed.TALOS_VERSION,
+                  seed.KUBERNETES_VERSION, reordered) == first
+    assert parse_config(first) == mc.render_documents(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker",
+                                                      seed.TALOS_VERSION, seed.KUBERNETES_VERSION,
+                                                      seed.node_patches(node))
+
+
+def test_changing_one_patch_changes_only_the_nodes_that_use_it(bundle):
+    before = _render_seed(bundle)
+    changed = {
+        "controlplane": seed.PATCH_CONTROLPLANE,
+        "worker-disk": seed.PATCH_WORKER_WITH_DISK.replace("/var/lib/longhorn", "/var/mnt/longhorn"),
+        "worker": seed.PATCH_WORKER_WITHOUT_DISK,
+    }
+    after = _render_seed(bundle, role_patches=changed)
+    differing = sorted(name for name in before if before[name] != after[name])
+    assert differing == ["worker-1", "worker-2", "worker-3"]
+    assert "/var/mnt/longhorn" in after["worker-2"] and "/var/mnt/longhorn" not in after["worker-4"]
+
+
+# --- merge rules -------------------------------------------------------------------------------
+
+
+def test_interfaces_merge_by_device_selector_and_by_name(bundle):
+    cfg = _v1alpha1(_render(bundle, patches=[
+        DISK,
+        {"machine": {"network": {"interfaces": [
+            {"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:01"}, "addresses": ["10.0.0.2/24"]},
+            {"interface": "eth1", "dhcp": True},
+        ]}}},
+        {"machine": {"network": {"interfaces": [
+            {"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:01"}, "addresses": ["10.0.0.3/24"], "mtu": 9000},
+            {"interface": "eth1", "dhcp": False},
+            {"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:02"}, "dhcp": True},
+        ]}}},
+    ]))
+    assert cfg["machine"]["network"]["interfaces"] == [
+        {"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:01"}, "addresses": ["10.0.0.2/24", "10.0.0.3/24"], "mtu": 9000},
+        {"interface": "eth1", "dhcp": False},
+        {"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:02"}, "dhcp": True},
+    ]
+
+
+def test_lists_append_but_subnets_and_audit_policy_replace(bundle):
+    cfg = _v1alpha1(_render(bundle, "controlplane", patches=[
+        DISK,
+        {"machine": {"certSANs": ["a.example"]}},
+        {"machine": {"certSANs": ["b.example"]}},
+        {"cluster": {"network": {"podSubnets": ["10.42.0.0/16"], "serviceSubnets": ["10.43.0.0/16"]}}},
+        {"cluster": {"apiServer": {"auditPolicy": {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                                   "rules": [{"level": "None"}]}}}},
+    ]))
+    assert cfg["machine"]["certSANs"] == ["a.example", "b.example"]
+    assert cfg["cluster"]["network"]["podSubnets"] == ["10.42.0.0/16"]
+    assert cfg["cluster"]["network"]["serviceSubnets"] == ["10.43.0.0/16"]
+    assert cfg["cluster"]["apiServer"]["auditPolicy"]["rules"] == [{"level": "None"}]
+
+
+def test_ccm_shaped_patches_merge(bundle):
+    ccm_all = {"machine": {"kubelet": {"extraArgs": {"cloud-provider": "external", "rotate-server-certificates": True}}},
+               "cluster": {"externalCloudProvider": {"enabled": True}}}
+    ccm_cp = """\
+machine:
+  features:
+    kubernetesTalosAPIAccess:
+      enabled: true
+      allowedRoles:
+        - os:reader
+      allowedKubernetesNamespaces:
+        - kube-system
+"""
+    override = {"machine": {"kubelet": {"extraArgs": {"rotate-server-certificates": "true", "node-labels": "a=b"}}}}
+    cfg = _v1alpha1(_render(bundle, "controlplane", patches=[DISK, ccm_all, ccm_cp, override]))
+    kubelet = cfg["machine"]["kubelet"]
+    assert kubelet["extraArgs"] == {"cloud-provider": "external", "node-labels": "a=b", "rotate-server-certificates": "true"}
+    assert list(kubelet) == ["image", "extraArgs", "defaultRuntimeSeccompProfileEnabled", "disableManifestsDirectory"]
+    assert cfg["machine"]["features"]["kubernetesTalosAPIAccess"] == {
+        "enabled": True, "allowedRoles": ["os:reader"], "allowedKubernetesNamespaces": ["kube-system"]}
+    assert list(cfg["machine"]["features"])[:2] == ["kubernetesTalosAPIAccess", "diskQuotaSupport"]
+    assert cfg["cluster"]["externalCloudProvider"] == {"enabled": True}
+
+
+def test_admission_plugins_merge_by_name_and_vlans_by_id(bundle):
+    cfg = _v1alpha1(_render(bundle, "controlplane", patches=[
+        DISK,
+        {"cluster": {"apiServer": {"admissionControl": [
+            {"name": "PodSecurity", "configuration": {"defaults": {"enforce": "restricted"}}}]}}},
+        {"machine": {"network": {"interfaces": [{"interface": "eth0", "vlans": [{"vlanId": 10, "dhcp": True}]}]}}},
+        {"machine": {"network": {"interfaces": [{"interface": "eth0", "vlans": [{"vlanId": 10, "mtu": 1400},
+                                                                                {"vlanId": 20, "dhcp": True}]}]}}},
+    ]))
+    plugins = cfg["cluster"]["apiServer"]["admissionControl"]
+    assert len(plugins) == 1 and plugins[0]["configuration"]["defaults"]["enforce"] == "restricted"
+    assert plugins[0]["configuration"]["defaults"]["audit"] == "restricted"
+    assert cfg["machine"]["network"]["interfaces"][0]["vlans"] == [
+        {"dhcp": True, "vlanId": 10, "mtu": 1400}, {"dhcp": True, "vlanId": 20}]
+
+
+def test_patch_delete_removes_keys_list_items_and_documents(bundle):
+    text = _render(bundle, patches=[
+        DISK,
+        {"machine": {"network": {"interfaces": [{"interface": "eth0", "dhcp": True}, {"interface": "eth1", "dhcp": True}]}}},
+        """\
+machine:
+  features:
+    hostDNS:
+      $patch: delete
+  network:
+    interfaces:
+      - interface: eth0
+        $patch: delete
+---
+apiVersion: v1alpha1
+kind: HostnameConfig
+$patch: delete
+""",
+    ])
+    docs = parse_config(text)
+    assert len(docs) == 1
+    assert "hostDNS" not in docs[0]["machine"]["features"]
+    assert docs[0]["machine"]["network"]["interfaces"] == [{"interface": "eth1", "dhcp": True}]
+
+
+def test_patch_adds_and_patches_other_documents(bundle):
+    docs = parse_config(_render(bundle, patches=[
+        DISK,
+        "apiVersion: v1alpha1\nkind: HostnameConfig\nhostname: worker-1\nauto: \"off\"\n",
+        "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: tailscale\nenvironment:\n  - TS_AUTHKEY=x\n",
+    ]))
+    assert docs[1] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "off", "hostname": "worker-1"}
+    assert docs[2]["kind"] == "ExtensionServiceConfig" and docs[2]["name"] == "tailscale"
+    assert list(docs[2])[:3] == ["apiVersion", "kind", "name"]
+
+
+def test_json6902_patches_address_the_v1alpha1_document(bundle):
+    cfg = _v1alpha1(_render(bundle, patches=[
+        DISK,
+        [{"op": "add", "path": "/machine/install/extraKernelArgs", "value": ["net.ifnames=0"]},
+         {"op": "replace", "path": "/cluster/network/dnsDomain", "value": "k8s.internal"}],
+        "- op: remove\n  path: /machine/features/hostDNS\n",
+    ]))
+    assert cfg["machine"]["install"]["extraKernelArgs"] == ["net.ifnames=0"]
+    assert list(cfg["machine"]["install"]) == ["disk", "extraKernelArgs", "image", "wipe", "grubUseUKICmdline"]
+    assert cfg["cluster"]["network"]["dnsDomain"] == "k8s.internal"
+    assert "hostDNS" not in cfg["machine"]["features"]
+
+
+def test_yaml_1_1_lookalikes_stay_strings(bundle):
+    text = _render(bundle, patches=[DISK, "machine:\n  network:\n    interfaces:\n"
+                                          "      - deviceSelector:\n          hardwareAddr: 10:11:22:33:44:55\n"
+                                          "        dhcp: true\n"])
+    assert '                hardwareAddr: "10:11:22:33:44:55"\n' in text
+    assert _v1alpha1(text)["machine"]["network"]["interfaces"][0]["deviceSelector"]["hardwareAddr"] == "10:11:22:33:44:55"
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role, patches, expected", [
+    ("worker", [DISK, {"kubernetes": {"x": 1}}], "unknown key 'kubernetes' at top level of the v1alpha1 document"),
+    ("worker", [DISK, {"machine": {"network": {"kubeSpan": {"enabled": True}}}}],
+     "unknown key 'kubeSpan' at machine.network; did you mean 'kubespan'?"),
+    ("worker", [DISK, {"machine": {"type": "controlplane"}}], "machine.type is 'controlplane' but this node's role is 'worker'"),
+    ("controlplane", [DISK, [{"op": "replace", "path": "/machine/type", "value": "worker"}]],
+     "machine.type is 'worker' but this node's role is 'controlplane'"),
+    ("worker", [DISK, {"cluster": {"apiServer": {"certSANs": ["x"]}}}], "cluster.apiServer is only valid on controlplane nodes"),
+    ("worker", [DISK, {"cluster": {"etcd": {"advertisedSubnets": ["10.0.0.0/8"]}}}], "cluster.etcd is only valid on controlplane"),
+    ("worker", [], "machine.install.disk is missing"),
+    ("worker", [DISK, {"machine": {"network": {"interfaces": [{"interface": "eth0", "deviceSelector": {"driver": "virtio"}}]}}}],
+     "machine.network.interfaces[0]: expected exactly one of interface or deviceSelector"),
+    ("worker", [DISK, {"machine": {"network": {"nameservers": "9.9.9.9"}}}], "machine.network.nameservers: expected a list, got a scalar"),
+    ("worker", [DISK, {"machine": {"certSANs": "a.example"}}], "machine.certSANs is a scalar in the patch but a list in the config"),
+    ("worker", [DISK, {"machine": {"disks": {"device": "/dev/sdb"}}}], "machine.disks: expected a list, got a mapping"),
+    ("worker", [DISK, "machine: [unclosed"], "patch 2: not valid YAML at line 1"),
+    ("worker", [DISK, [{"op": "remove", "path": "/machine/nothing"}]], "patch 2: operation 1 (remove /machine/nothing) cannot be applied"),
+    ("worker", [DISK, [{"op": "frobnicate", "path": "/x"}]], "patch 2: operation 1 is not an RFC 6902 operation"),
+    ("worker", [DISK, "machine:\n  features:\n    imageCache:\n      $patch: delete\n"],
+     "patch 2: $patch: delete of machine.features.imageCache, which the config does not have"),
+    ("worker", [DISK, "version: v1alpha1\n$patch: delete\n"], "patch 2: the v1alpha1 document cannot be deleted"),
+    ("worker", [DISK, 42], "patch 2: is a int; expected a mapping"),
+])
+def test_invalid_results_are_refused_with_clear_messages(bundle, role, patches, expected):
+    with pytest.raises(MachineConfigError) as err:
+        _render(bundle, role, patches)
+    assert expected in str(err.value)
+
+
+def test_worker_patch_leaking_a_ca_key_is_refused_without_echoing_it(bundle):
+    leak = {"machine": {"ca": {"key": bundle["certs"]["os"]["key"]}}}
+    with pytest.raises(MachineConfigError, match="machine.ca.key must be empty on a worker") as err:
+        _render(bundle, "worker", [DISK, leak])
+    for secret in _secret_values(bundle):
+        assert secret not in str(err.value)
+
+
+def test_failed_json_test_op_does_not_echo_secret_values(bundle):
+    op = [{"op": "test", "path": "/cluster/secret", "value": "definitely-not-it"}]
+    with pytest.raises(MachineConfigError, match=r"operation 1 \(test /cluster/secret\)") as err:
+        _render(bundle, "worker", [DISK, op])
+    for secret in _secret_values(bundle):
+        assert secret not in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({"role": "init"}, "role 'init' is not a node role"),
+    ({"talos_version": "v1.11.5"}, "contract v1.11 is not supported"),
+    ({"talos_version": "v1.14.0"}, "contract v1.14 is not supported"),
+    ({"talos_version": "1.13"}, "is not a full Talos version"),
+    ({"endpoint": "10.255.200.201:6443"}, "endpoint '10.255.200.201:6443' is not a Kubernetes API URL"),
+    ({"kubernetes_version": "latest"}, "kubernetes_version 'latest'"),
+    ({"cluster_name": " "}, "cluster_name must be a non-empty string"),
+])
+def test_bad_inputs_are_refused(bundle, kwargs, expected):
+    args = dict(secrets=bundle, cluster_name=seed.CLUSTER_NAME, endpoint=seed.ENDPOINT, role="worker",
+                talos_version=seed.TALOS_VERSION, kubernetes_version=seed.KUBERNETES_VERSION, patches=[DISK])
+    args.update(kwargs)
+    with pytest.raises(MachineConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        render(**args)
+
+
+def test_incomplete_bundle_is_named_not_echoed(bundle):
+    broken = copy.deepcopy(bundle)
+    del broken["certs"]["os"]["key"]
+    with pytest.raises(talos_secrets.SecretsBundleError, match="certs.os.key is required") as err:
+        _render(broken, "controlplane")
+    for secret in _secret_values(bundle):
+        assert secret not in str(err.value)
