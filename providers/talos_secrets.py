@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from providers import pki
+from providers import go_yaml, pki, talos_yaml
 
 CA_VALIDITY = datetime.timedelta(hours=87600)
 CLUSTER_ID_SIZE = 32
@@ -103,8 +103,8 @@ def generate_secrets(talos_version: str) -> dict:
 
 
 def dump_secrets(bundle: Mapping[str, Any]) -> str:
-    """YAML text of a bundle, in talosctl's key order and four-space indent (a secret: handle as such)."""
-    return yaml.safe_dump(dict(bundle), sort_keys=False, indent=4, width=1 << 20)
+    """YAML text of a bundle as talosctl writes secrets.yaml (a secret: handle it as such)."""
+    return go_yaml.marshal(dict(bundle))
 
 
 def load_secrets(source: str | Mapping[str, Any]) -> dict:
@@ -115,12 +115,13 @@ def load_secrets(source: str | Mapping[str, Any]) -> dict:
     """
     if isinstance(source, str):
         try:
-            data = yaml.safe_load(source)
+            documents = talos_yaml.load_documents(source)
         except yaml.YAMLError as exc:
             # Show only where parsing failed; the problem text can quote secret material.
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            raise SecretsBundleError(f"secrets bundle is not valid YAML{where}") from None
+            raise SecretsBundleError(f"secrets bundle is not valid YAML{talos_yaml.yaml_error_location(exc)}") from None
+        if len(documents) > 1:
+            raise SecretsBundleError(f"secrets bundle: expected one YAML document, got {len(documents)}")
+        data = documents[0] if documents else None
     else:
         data = source
     if not isinstance(data, Mapping):

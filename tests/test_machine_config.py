@@ -321,7 +321,7 @@ def test_yaml_1_1_lookalikes_stay_strings(bundle):
     text = _render(bundle, patches=[DISK, "machine:\n  network:\n    interfaces:\n"
                                           "      - deviceSelector:\n          hardwareAddr: 10:11:22:33:44:55\n"
                                           "        dhcp: true\n"])
-    assert '                hardwareAddr: "10:11:22:33:44:55"\n' in text
+    assert "                hardwareAddr: '10:11:22:33:44:55'\n" in text  # Go quotes base-60 lookalikes
     assert _v1alpha1(text)["machine"]["network"]["interfaces"][0]["deviceSelector"]["hardwareAddr"] == "10:11:22:33:44:55"
 
 
