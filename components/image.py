@@ -1,0 +1,75 @@
+"""`TalosImage`: the schematic registered with the Image Factory and its ISO downloaded into Proxmox."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import pulumi
+import pulumi_proxmoxve as proxmoxve
+
+from providers.image_factory import (
+    DEFAULT_FACTORY_URL,
+    DEFAULT_TIMEOUT_SECONDS,
+    iso_file_name,
+    normalize_version,
+    schematic_id,
+)
+from providers.schematic_resource import Schematic
+
+# The factory builds an ISO on its first request, which can take minutes; Proxmox waits this long.
+ISO_DOWNLOAD_TIMEOUT_SECONDS = 1800
+
+
+def proxmox_iso_name(sid: str, talos_version: str, platform: str, arch: str, secure_boot: bool) -> str:
+    """A datastore file name unique per schematic and version, so a new image never overwrites one in use."""
+    return f"talos-{sid[:12]}-{normalize_version(talos_version)}-{iso_file_name(platform, arch, secure_boot)}"
+
+
+class TalosImage(pulumi.ComponentResource):
+    """Registers the schematic and has Proxmox fetch the factory ISO into `iso_datastore` on `proxmox_node`.
+
+    `iso_file_id` (e.g. `local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM's CD-ROM
+    takes; `installer_image` goes into `machine.install.image`.
+    """
+
+    iso_file_id: pulumi.Output[str]
+    installer_image: pulumi.Output[str]
+    schematic_id: pulumi.Output[str]
+    iso_url: pulumi.Output[str]
+
+    def __init__(self, name: str, schematic: Mapping[str, Any], talos_version: str, *,
+                 factory_url: str = DEFAULT_FACTORY_URL, platform: str = "metal", arch: str = "amd64",
+                 secure_boot: bool = False, proxmox_node: str, iso_datastore: str = "local",
+                 factory_timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                 download_timeout: int = ISO_DOWNLOAD_TIMEOUT_SECONDS,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("talos-proxmox:index:TalosImage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.schematic = Schematic(
+            f"{name}-schematic", schematic, talos_version, factory_url=factory_url, platform=platform,
+            arch=arch, secure_boot=secure_boot, timeout=factory_timeout, opts=child)
+
+        self.iso = proxmoxve.download.File(
+            f"{name}-iso",
+            content_type="iso",
+            datastore_id=iso_datastore,
+            node_name=proxmox_node,
+            url=self.schematic.iso_url,
+            file_name=proxmox_iso_name(schematic_id(schematic), talos_version, platform, arch, secure_boot),
+            # The name already pins schematic and version; a size check against the factory would
+            # only make Proxmox download the same image again.
+            overwrite=False,
+            upload_timeout=download_timeout,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.schematic]))
+
+        self.iso_file_id = self.iso.id
+        self.iso_url = self.schematic.iso_url
+        self.installer_image = self.schematic.installer_image
+        self.schematic_id = self.schematic.schematic_id
+        self.register_outputs({
+            "iso_file_id": self.iso_file_id,
+            "iso_url": self.iso_url,
+            "installer_image": self.installer_image,
+            "schematic_id": self.schematic_id,
+        })
