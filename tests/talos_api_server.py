@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import grpc
+import yaml
 from google.protobuf import message_factory
 
 from providers import pki, talos_secrets
@@ -86,6 +87,19 @@ def _pump_both_ways(tls: ssl.SSLSocket, plain: socket.socket) -> None:
                 (plain if sock is tls else tls).sendall(data)
         except (OSError, ssl.SSLError):
             return
+
+
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def talosconfig_yaml(credentials: ClientCredentials, endpoints: list[str], nodes: list[str] = (),
+                     context: str = "stand-in") -> str:
+    """A talosconfig as talosctl writes it, for the given client identity."""
+    return yaml.safe_dump({"context": context, "contexts": {context: {
+        "endpoints": list(endpoints), "nodes": list(nodes),
+        "ca": pki.b64_pem(credentials.ca_pem), "crt": pki.b64_pem(credentials.cert_pem),
+        "key": pki.b64_pem(credentials.key_pem)}}})
 
 
 def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredentials:
@@ -268,7 +282,7 @@ class FakeTalosNode:
             handlers[method.name] = handler(
                 self._bind(serve, method.name, request_class),
                 request_deserializer=None,
-                response_serializer=lambda message: message.SerializeToString(),
+                response_serializer=_serialize,
             )
         return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
 
@@ -304,6 +318,8 @@ class FakeTalosNode:
         request, metadata = self._prepare(rpc, request_class, raw, context)
         behaviour = self.behaviours.get(rpc) or getattr(self, f"_rpc_{rpc}")
         reply = behaviour(self, request, context) if rpc in self.behaviours else behaviour(request, context)
+        if isinstance(reply, bytes):  # a behaviour may answer with hand-encoded bytes
+            return reply
         # apid fills in which node each part of a proxied reply came from.
         template = reply.messages[0] if len(reply.messages) else None
         if template is not None:

@@ -65,6 +65,14 @@ class TalosPermissionDenied(TalosApiError):
     """The node authenticated us but our certificate's role may not call this RPC."""
 
 
+def transient_while_rebooting(error: BaseException) -> bool:
+    """Retry predicate while a node reboots: it is unreachable or slow, or (right after a
+    maintenance-mode apply) it still presents its maintenance certificate to an mTLS client."""
+    if getattr(error, "retryable", False):
+        return True
+    return isinstance(error, TalosTlsError) and error.reason == "server-not-trusted"
+
+
 def _details(text: str | None) -> str:
     text = (text or "").strip()
     return text if len(text) <= _MAX_DETAILS else text[:_MAX_DETAILS] + "..."

@@ -20,10 +20,18 @@ def extract_kubeconfig(data: bytes) -> str:
         raise ValueError("kubeconfig: the node sent no data")
     if not data.startswith(_GZIP_MAGIC):
         return data.decode("utf-8")
+    names: list[str] = []
     try:
         with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data)), mode="r|") as archive:
-            names = []
-            for member in archive:
+            while True:
+                try:
+                    member = archive.next()
+                except tarfile.ReadError:
+                    if names:  # the missing padding after a member we skipped ends the archive early
+                        break
+                    raise
+                if member is None:
+                    break
                 names.append(member.name)
                 if member.isfile() and member.name.lstrip("./") == MEMBER_NAME:
                     return archive.extractfile(member).read().decode("utf-8")
