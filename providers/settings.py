@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 PROJECT = "talos-proxmox"
 ROLES = ("controlplane", "worker")
-TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm")
+TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "health")
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -25,6 +25,9 @@ _MTU_RANGE = (68, 65535)
 
 DEFAULT_TALOS_VERSION = "v1.13.7"
 DEFAULT_CILIUM_VERSION = "1.19.6"
+# siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
+DEFAULT_CCM_CHART_VERSION = "0.5.4"
+DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
 DEFAULT_CCM_CONTROLLERS = ("cloud-node", "node-csr-approval")
 KNOWN_CCM_CONTROLLERS = (
     "cloud-node",
@@ -158,11 +161,18 @@ class NodeIpam:
 class CcmSettings:
     enabled: bool
     chart: str
-    version: Optional[str]
+    version: str
     replicas: int
     controllers: tuple[str, ...]
     node_ipam: Optional[NodeIpam]
     values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Wait after the add-ons until every node is Ready and CoreDNS is available."""
+    wait: bool = True
+    timeout_seconds: int = DEFAULT_HEALTH_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,7 @@ class Settings:
     cilium: CiliumSettings
     hubble: HubbleSettings
     ccm: CcmSettings
+    health: HealthSettings = field(default=HealthSettings())
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -602,13 +613,23 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
         enabled=r.value(s, "enabled", "ccm.enabled", _bool, "is not true or false", default=True),
         chart=r.value(s, "chart", "ccm.chart", _oci_ref, "is not an OCI chart reference (expected oci://...)",
                       default="oci://ghcr.io/siderolabs/charts/talos-cloud-controller-manager"),
-        version=r.value(s, "version", "ccm.version", _version, "is not a chart version (expected e.g. 0.5.0)",
-                        default=None),
+        version=r.value(s, "version", "ccm.version", _version, "is not a chart version (expected e.g. 0.5.4)",
+                        default=DEFAULT_CCM_CHART_VERSION),
         replicas=r.value(s, "replicas", "ccm.replicas", _positive_int, "is not a replica count (positive integer)",
                          default=1),
         controllers=controllers,
         node_ipam=node_ipam,
         values=r.value(s, "values", "ccm.values", _mapping, "is not a mapping of Helm values", default={}),
+    )
+
+
+def _read_health(r: _Reader, raw: Any) -> HealthSettings:
+    s = r.section(raw, "health", ("wait", "timeoutSeconds"))
+    return HealthSettings(
+        wait=r.value(s, "wait", "health.wait", _bool, "is not true or false", default=True),
+        timeout_seconds=r.value(s, "timeoutSeconds", "health.timeoutSeconds", _positive_int,
+                                "is not a timeout in seconds (positive integer)",
+                                default=DEFAULT_HEALTH_TIMEOUT_SECONDS),
     )
 
 
@@ -695,6 +716,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
     cilium = _read_cilium(r, raw.get("cilium"))
     hubble = _read_hubble(r, raw.get("hubble"))
     ccm = _read_ccm(r, raw.get("ccm"))
+    health = _read_health(r, raw.get("health"))
     if r.problems:
         raise SettingsError(r.problems)
     return Settings(
@@ -706,6 +728,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
         cilium=cilium,
         hubble=hubble,
         ccm=ccm,
+        health=health,
         warnings=tuple(r.warnings),
     )
 

@@ -166,6 +166,12 @@ BAD_INPUTS = [
     ("ccm.controllers", ["cloud-node", "route"],
      "talos-proxmox:ccm.controllers: ['cloud-node', 'route'] is not a list of CCM controllers (expected some of: "
      "cloud-node, cloud-node-lifecycle, node-csr-approval, node-ipam-controller)"),
+    ("health.timeoutSeconds", 0,
+     "talos-proxmox:health.timeoutSeconds: 0 is not a timeout in seconds (positive integer)"),
+    ("health.wait", "yes",
+     "talos-proxmox:health.wait: 'yes' is not true or false"),
+    ("ccm.version", "latest",
+     "talos-proxmox:ccm.version: 'latest' is not a chart version (expected e.g. 0.5.4)"),
     ("image.arch", "riscv64",
      "talos-proxmox:image.arch: 'riscv64' is not a supported architecture (expected amd64 or arm64)"),
     ("image.schematic", {"customisation": {}},
@@ -214,3 +220,14 @@ def test_missing_nodes_is_an_error():
     with pytest.raises(SettingsError) as err:
         load_settings(raw)
     assert err.value.problems == ["talos-proxmox:nodes: None is not a non-empty list of nodes"]
+
+
+def test_add_on_defaults_pin_the_ccm_chart_and_wait_for_health():
+    s = load_settings(stack("test-cluster"))
+    assert s.ccm.version == "0.5.4"
+    assert (s.health.wait, s.health.timeout_seconds) == (True, 600)
+    raw = stack("test-cluster")
+    raw["health"] = {"wait": False, "timeoutSeconds": 120}
+    raw["ccm"]["version"] = "0.5.3"
+    s = load_settings(raw)
+    assert (s.health.wait, s.health.timeout_seconds, s.ccm.version) == (False, 120, "0.5.3")
