@@ -11,6 +11,7 @@ from providers.image_factory import (
     DEFAULT_FACTORY_URL,
     DEFAULT_TIMEOUT_SECONDS,
     iso_file_name,
+    iso_url as factory_iso_url,
     normalize_version,
     schematic_id,
 )
@@ -43,6 +44,11 @@ class TalosImage(pulumi.ComponentResource):
                  factory_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                  download_timeout: int = ISO_DOWNLOAD_TIMEOUT_SECONDS,
                  opts: Optional[pulumi.ResourceOptions] = None):
+        # Validate every setting before registering anything, so a bad stack leaves no half-made tree.
+        sid = schematic_id(schematic)
+        factory_iso_url(factory_url, sid, talos_version, platform, arch, secure_boot)
+        file_name = proxmox_iso_name(sid, talos_version, platform, arch, secure_boot)
+
         super().__init__("talos-proxmox:index:TalosImage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
@@ -56,7 +62,7 @@ class TalosImage(pulumi.ComponentResource):
             datastore_id=iso_datastore,
             node_name=proxmox_node,
             url=self.schematic.iso_url,
-            file_name=proxmox_iso_name(schematic_id(schematic), talos_version, platform, arch, secure_boot),
+            file_name=file_name,
             # The name already pins schematic and version; a size check against the factory would
             # only make Proxmox download the same image again.
             overwrite=False,
