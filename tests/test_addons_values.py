@@ -1,0 +1,202 @@
+"""Helm values of the add-ons: the seed's cilium-values.yaml exactly, Hubble and CCM from settings, overrides."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from providers.addons import (
+    ccm_extra_args,
+    ccm_values,
+    cilium_mtu,
+    cilium_values,
+    hubble_ui_address,
+    hubble_ui_exposure,
+    load_balancer_host,
+)
+from providers.merge import deep_merge
+from providers.settings import load_settings, stack_file_config
+
+STACKS = Path(__file__).resolve().parent.parent / "stacks"
+
+# cilium-values.yaml of the seed walkthrough (talos-proxmox-cilium-walkthrough.ru.txt), verbatim.
+SEED_CILIUM_VALUES = """\
+ipam:
+  mode: kubernetes
+
+routingMode: tunnel
+tunnelProtocol: vxlan
+autoDirectNodeRoutes: false
+
+kubeProxyReplacement: true
+k8sServiceHost: localhost
+k8sServicePort: 7445
+
+bpf:
+  masquerade: true
+
+cgroup:
+  autoMount:
+    enabled: false
+  hostRoot: /sys/fs/cgroup
+
+securityContext:
+  capabilities:
+    ciliumAgent:
+      - CHOWN
+      - KILL
+      - NET_ADMIN
+      - NET_RAW
+      - IPC_LOCK
+      - SYS_ADMIN
+      - SYS_RESOURCE
+      - DAC_OVERRIDE
+      - FOWNER
+      - SETGID
+      - SETUID
+    cleanCiliumState:
+      - NET_ADMIN
+      - SYS_ADMIN
+      - SYS_RESOURCE
+
+hubble:
+  enabled: true
+  relay:
+    enabled: true
+  ui:
+    enabled: true
+
+MTU: 1370
+"""
+
+# talos-ccm.yaml of the CCM overview, with the test-cluster stack's replicas.
+SEED_CCM_VALUES = """\
+replicaCount: 2
+enabledControllers:
+  - cloud-node
+  - node-csr-approval
+"""
+
+
+def raw_stack(name="test-cluster"):
+    return copy.deepcopy(stack_file_config(str(STACKS / f"Pulumi.{name}.yaml")))
+
+
+def settings_with(**sections):
+    raw = raw_stack()
+    for key, value in sections.items():
+        raw[key] = {**(raw.get(key) or {}), **value}
+    return load_settings(raw)
+
+
+def test_seed_stack_gives_the_seed_cilium_values_exactly():
+    values = cilium_values(load_settings(raw_stack()))
+    assert values == yaml.safe_load(SEED_CILIUM_VALUES)
+    # Same key order as the seed file, so a rendered values file reads like it.
+    assert list(values) == list(yaml.safe_load(SEED_CILIUM_VALUES))
+
+
+def test_seed_stack_gives_the_seed_ccm_values():
+    assert ccm_values(load_settings(raw_stack())) == yaml.safe_load(SEED_CCM_VALUES)
+
+
+def test_mtu_is_kubespan_mtu_minus_vxlan_and_absent_without_kubespan():
+    s = settings_with(cluster={"kubespan": {"enabled": True, "mtu": 1500}})
+    assert cilium_mtu(s) == 1450 and cilium_values(s)["MTU"] == 1450
+    s = settings_with(cluster={"kubespan": {"enabled": False, "mtu": 1420}})
+    assert cilium_mtu(s) is None and "MTU" not in cilium_values(s)
+
+
+def test_hubble_off_changes_only_the_hubble_values():
+    on = cilium_values(load_settings(raw_stack()))
+    off = cilium_values(settings_with(hubble={"enabled": False}))
+    # The chart turns Hubble on by default, so off has to be said.
+    assert off["hubble"] == {"enabled": False}
+    assert {k: v for k, v in on.items() if k != "hubble"} == {k: v for k, v in off.items() if k != "hubble"}
+    assert hubble_ui_exposure(off) is None
+
+
+def test_relay_and_ui_follow_settings():
+    values = cilium_values(settings_with(hubble={"relay": True, "ui": False}))
+    assert values["hubble"] == {"enabled": True, "relay": {"enabled": True}, "ui": {"enabled": False}}
+    assert hubble_ui_exposure(values) is None
+
+
+def test_cluster_ip_ui_exports_its_in_cluster_name():
+    s = load_settings(raw_stack())
+    values = cilium_values(s)
+    assert "service" not in values["hubble"]["ui"]  # ClusterIP is the chart's own default
+    exposure = hubble_ui_exposure(values)
+    assert hubble_ui_address(s, exposure) == "http://hubble-ui.kube-system.svc.cluster.local:80"
+
+
+def test_node_port_ui_sets_the_service_and_exports_a_node_address():
+    s = settings_with(hubble={"uiServiceType": "NodePort"})
+    values = cilium_values(s)
+    assert values["hubble"]["ui"] == {"enabled": True, "service": {"type": "NodePort", "nodePort": 31235}}
+    assert hubble_ui_address(s, hubble_ui_exposure(values)) == "http://10.255.200.201:31235"
+    # A nodePort overridden in the stack's values is the one exported; a VIP is preferred over a node.
+    raw = raw_stack("dev")
+    raw["hubble"] = {"uiServiceType": "NodePort"}
+    raw["cilium"] = {"values": {"hubble": {"ui": {"service": {"nodePort": 30080}}}}}
+    dev = load_settings(raw)
+    assert hubble_ui_address(dev, hubble_ui_exposure(cilium_values(dev))) == "http://10.10.0.50:30080"
+
+
+def test_load_balancer_ui_needs_the_assigned_address():
+    s = settings_with(hubble={"uiServiceType": "LoadBalancer"})
+    values = cilium_values(s)
+    assert values["hubble"]["ui"]["service"] == {"type": "LoadBalancer"}
+    exposure = hubble_ui_exposure(values)
+    host = load_balancer_host({"loadBalancer": {"ingress": [{"hostname": ""}, {"ip": "10.255.200.240"}]}})
+    assert hubble_ui_address(s, exposure, host) == "http://10.255.200.240:80"
+    assert load_balancer_host({"loadBalancer": {}}) is None
+    with pytest.raises(ValueError, match="hubble-ui Service of type LoadBalancer has no load balancer address"):
+        hubble_ui_address(s, exposure, None)
+
+
+def test_user_values_deep_merge_on_top():
+    s = settings_with(cilium={"values": {
+        "bpf": {"hostLegacyRouting": True},
+        "securityContext": {"capabilities": {"cleanCiliumState": ["NET_ADMIN"]}},
+        "k8sServicePort": 6443,
+        "hubble": {"relay": {"replicas": 2}},
+        "MTU": None,
+    }})
+    values = cilium_values(s)
+    assert values["bpf"] == {"masquerade": True, "hostLegacyRouting": True}  # maps merge
+    assert values["securityContext"]["capabilities"]["cleanCiliumState"] == ["NET_ADMIN"]  # lists replace
+    assert values["securityContext"]["capabilities"]["ciliumAgent"][0] == "CHOWN"
+    assert values["k8sServicePort"] == 6443
+    assert values["hubble"]["relay"] == {"enabled": True, "replicas": 2}
+    assert "MTU" not in values  # null removes, as with helm -f
+
+
+def test_deep_merge_leaves_its_inputs_alone():
+    base = {"a": {"b": [1, 2]}, "c": 1}
+    override = {"a": {"d": {"e": None, "f": 2}}, "c": None}
+    assert deep_merge(base, override) == {"a": {"b": [1, 2], "d": {"f": 2}}}
+    assert base == {"a": {"b": [1, 2]}, "c": 1}
+    assert override == {"a": {"d": {"e": None, "f": 2}}, "c": None}
+
+
+def test_ccm_node_ipam_adds_the_controller_and_its_flags():
+    s = settings_with(ccm={"nodeIpam": {"maskSizeIpv4": 25}})
+    values = ccm_values(s)
+    assert values["enabledControllers"] == ["cloud-node", "node-csr-approval", "node-ipam-controller"]
+    assert values["extraArgs"] == [
+        "--allocate-node-cidrs",
+        "--cidr-allocator-type=CloudAllocator",
+        "--node-cidr-mask-size-ipv4=25",
+        "--node-cidr-mask-size-ipv6=80",
+    ]
+    ranged = settings_with(ccm={"nodeIpam": {"cidrAllocatorType": "RangeAllocator"}})
+    assert ccm_extra_args(ranged)[1] == "--cidr-allocator-type=RangeAllocator"
+    assert ccm_extra_args(ranged)[-1] == "--cluster-cidr=10.244.0.0/16"
+
+
+def test_ccm_user_values_override():
+    s = settings_with(ccm={"values": {"replicaCount": 3, "daemonSet": {"enabled": True}}})
+    assert ccm_values(s) == {"replicaCount": 3, "enabledControllers": ["cloud-node", "node-csr-approval"],
+                             "daemonSet": {"enabled": True}}
