@@ -368,10 +368,13 @@ class _Writer:
         else:
             self.scalar(value, path, in_sequence_item, simple_key)
 
+    def empty_collection(self, brackets: str) -> None:
+        self.write_indicator(brackets[0], True, True, False)
+        self.write_indicator(brackets[1], False, False, False)
+
     def mapping(self, value: Mapping, path: str, in_sequence_item: bool) -> None:
         if not value:
-            self.write_indicator("{", True, True, False)
-            self.write_indicator("}", False, False, False)
+            self.empty_collection("{}")
             return
         self.increase_indent(False, in_sequence_item)
         for key, item in value.items():
@@ -388,8 +391,7 @@ class _Writer:
 
     def sequence(self, value: list, path: str, in_sequence_item: bool) -> None:
         if not value:
-            self.write_indicator("[", True, True, False)
-            self.write_indicator("]", False, False, False)
+            self.empty_collection("[]")
             return
         self.increase_indent(False, in_sequence_item)
         for i, item in enumerate(value):
