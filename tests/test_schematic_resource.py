@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import copy
+import pathlib
+import subprocess
+import sys
 
 import pytest
+from pulumi.dynamic.dynamic import serialize_provider
 
 from providers.image_factory import FactoryError, SchematicError
 from providers.schematic_resource import SchematicProvider, schematic_outputs
@@ -135,3 +139,19 @@ def test_check_names_the_failing_input(overrides, prop, reason):
 
 def test_check_accepts_good_inputs():
     assert SchematicProvider().check({}, props("https://factory.talos.dev")).failures == []
+
+
+def test_serialized_provider_works_in_a_fresh_process():
+    """The engine runs the provider from its pickled form in another Python process (cwd: the project)."""
+    script = (
+        "import base64, json, sys, dill\n"
+        "provider = dill.loads(base64.b64decode(sys.stdin.read()))\n"
+        "from providers.schematic_resource import schematic_outputs\n"
+        f"old = {props('https://factory.talos.dev')!r}\n"
+        "new = json.loads(json.dumps(old)); new['schematic']['customization']['extraKernelArgs'] = []\n"
+        "d = provider.diff('x', schematic_outputs(old), new)\n"
+        "print(json.dumps([d.changes, d.replaces]))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=serialize_provider(SchematicProvider()),
+                          capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parent.parent, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == '[true, ["schematic"]]'
