@@ -1,0 +1,186 @@
+"""Masked machine configs and their diffs: what a preview may show, and what it must never show."""
+
+import base64
+
+import pytest
+
+from providers import talos_secrets
+from providers.config_redaction import (
+    MASK,
+    SECRET_PATHS,
+    RedactionError,
+    certificate_fingerprint,
+    config_diff,
+    redact_config,
+)
+from providers.machine_config import parse_config, render
+from tests import seed_cluster as seed
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+def _render(bundle, role="controlplane", *extra):
+    return render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, role, seed.TALOS_VERSION, seed.KUBERNETES_VERSION,
+                  [seed.PATCH_INSTALL, *extra])
+
+
+def _v1alpha1(text):
+    return next(d for d in parse_config(text) if "apiVersion" not in d)
+
+
+def _at(document, path):
+    for part in path:
+        if not isinstance(document, dict) or part not in document:
+            return None
+        document = document[part]
+    return document
+
+
+def _bundle_leaves(bundle):
+    """Every leaf string of the bundle, public certificates included, and the PEM text inside each."""
+    leaves = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, str):
+            leaves.append(node)
+            try:
+                decoded = base64.b64decode(node, validate=True).decode("ascii")
+            except (ValueError, UnicodeDecodeError):
+                return
+            if "-----BEGIN" in decoded:
+                leaves.append(decoded)
+                leaves.extend(line for line in decoded.splitlines() if len(line) >= 16 and "-----" not in line)
+    walk(bundle)
+    return leaves
+
+
+def _secret_field_values(config_text):
+    v1 = _v1alpha1(config_text)
+    return [value for path in SECRET_PATHS if (value := _at(v1, path))]
+
+
+def test_every_talos_secret_field_is_masked_and_the_rest_kept(bundle):
+    text = _render(bundle)
+    redacted = _v1alpha1(redact_config(text))
+    original = _v1alpha1(text)
+    present = [path for path in SECRET_PATHS if _at(original, path)]
+    # a control plane carries all of them (secretbox for v1.13, not aescbc)
+    assert len(present) == len(SECRET_PATHS) - 1
+    for path in present:
+        assert _at(redacted, path) == MASK, path
+    assert redacted["cluster"]["clusterName"] == seed.CLUSTER_NAME
+    assert redacted["machine"]["install"] == original["machine"]["install"]
+    assert redacted["machine"]["kubelet"] == original["machine"]["kubelet"]
+    assert redacted["machine"]["ca"]["crt"] == certificate_fingerprint(bundle["certs"]["os"]["crt"])
+    assert redacted["cluster"]["etcd"]["ca"]["crt"] == certificate_fingerprint(bundle["certs"]["etcd"]["crt"])
+
+
+def test_layout_is_the_renderers_so_only_masked_lines_differ(bundle):
+    text = _render(bundle)
+    original_lines, redacted_lines = text.splitlines(), redact_config(text).splitlines()
+    assert len(original_lines) == len(redacted_lines)
+    changed = [(a, b) for a, b in zip(original_lines, redacted_lines) if a != b]
+    assert changed and all(b.endswith(f"'{MASK}'") or "<certificate sha256:" in b for _, b in changed)
+    # the second document has no secrets and comes out byte for byte
+    assert text.split("---\n")[1] == redact_config(text).split("---\n")[1]
+
+
+def test_worker_blank_ca_key_stays_blank(bundle):
+    redacted = _v1alpha1(redact_config(_render(bundle, "worker")))
+    assert redacted["machine"]["ca"]["key"] == ""
+    assert redacted["cluster"]["ca"]["key"] == ""
+    assert redacted["machine"]["token"] == MASK
+
+
+def test_credentials_in_other_fields_and_documents_are_masked(bundle):
+    patch = """\
+machine:
+  registries:
+    config:
+      registry.lab:
+        auth:
+          username: puller
+          password: hunter2-registry
+  network:
+    interfaces:
+      - interface: wg0
+        wireguard:
+          privateKey: wg-private-key-value
+---
+apiVersion: v1alpha1
+kind: WireguardConfig
+name: wg1
+privateKey: another-private-key
+"""
+    redacted = redact_config(_render(bundle, "worker", patch))
+    for secret in ("hunter2-registry", "wg-private-key-value", "another-private-key"):
+        assert secret not in redacted
+    assert "username: puller" in redacted
+
+
+def test_bundle_values_are_masked_wherever_they_appear(bundle):
+    token = bundle["secrets"]["bootstraptoken"]
+    key_pem = base64.b64decode(bundle["certs"]["k8s"]["key"]).decode()
+    manifest = {"cluster": {"inlineManifests": [
+        {"name": "leaky", "contents": f"token: {token}\nkey: |\n{key_pem}"}]}}
+    text = _render(bundle, "controlplane", manifest)
+    assert token in text
+    without_bundle = redact_config(text)
+    assert token in without_bundle  # field names alone cannot know a manifest holds a token
+    with_bundle = redact_config(text, bundle)
+    assert token not in with_bundle and key_pem.splitlines()[1] not in with_bundle
+    assert "name: leaky" in with_bundle
+
+
+def test_preview_diff_of_a_patch_change_shows_the_changed_lines_and_no_secret(bundle):
+    # certSANs sits right after machine.ca, so the diff's context lines include the CA lines
+    old = _render(bundle, "controlplane", {"machine": {"certSANs": ["10.255.200.201"]}})
+    new = _render(bundle, "controlplane", {"machine": {"certSANs": ["10.255.200.201", "api.lab.local"]}})
+    diff = config_diff(old, new, bundle)
+
+    added = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    removed = [line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    assert added == ["+        - api.lab.local"]
+    assert removed == []
+    assert f"key: '{MASK}'" in diff  # the context reaches machine.ca, masked
+
+    forbidden = _bundle_leaves(bundle) + _secret_field_values(old) + _secret_field_values(new)
+    assert len(forbidden) > 20
+    for value in forbidden:
+        assert value not in diff
+    # the same holds without the bundle, by field names alone
+    diff_without_bundle = config_diff(old, new)
+    for value in forbidden:
+        assert value not in diff_without_bundle
+
+
+def test_a_new_secrets_bundle_shows_only_certificate_fingerprints(bundle):
+    other = talos_secrets.generate_secrets(seed.TALOS_VERSION)
+    diff = config_diff(_render(bundle), _render(other))
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed and all("<certificate sha256:" in line for line in changed)
+    for value in _bundle_leaves(bundle) + _bundle_leaves(other):
+        assert value not in diff
+
+
+def test_no_change_is_an_empty_diff_and_creation_diffs_against_nothing(bundle):
+    text = _render(bundle)
+    assert config_diff(text, text, bundle) == ""
+    created = config_diff(None, text, bundle)
+    assert created.count("\n+") > 20 and bundle["trustdinfo"]["token"] not in created
+
+
+def test_errors_never_quote_the_config(bundle):
+    token = bundle["trustdinfo"]["token"]
+    with pytest.raises(RedactionError) as err:
+        redact_config(f"machine:\n  token: {token}\n  ca: [unclosed\n")
+    assert token not in str(err.value) and "line" in str(err.value)
+    with pytest.raises(RedactionError, match="expected a mapping"):
+        redact_config(f"- {token}\n")
+    assert token not in str(err.value)
