@@ -202,16 +202,26 @@ def schematic_id(schematic: Mapping[str, Any]) -> str:
 
 
 class _SchematicLoader(yaml.SafeLoader):
-    """Reads scalars the way the factory's Go yaml does (YAML 1.2): `off`/`yes` and dates stay strings."""
+    """Reads plain scalars as the factory's Go yaml does (YAML 1.2 core), not as YAML 1.1:
+    `off`/`yes`, dates and `1:20` stay strings; only true/false are booleans."""
 
 
+_GO_TYPED = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+             "tag:yaml.org,2002:timestamp")
 _SchematicLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers
-            if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _GO_TYPED]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _SchematicLoader.add_implicit_resolver(
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_SchematicLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*|0[0-7_]+)|0x[0-9a-fA-F_]+|0b[01_]+)$"),
+    list("-+0123456789"))
+_SchematicLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*\.[0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+)"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
 
 
 def load_schematic(text: str, source: str = "schematic") -> dict:

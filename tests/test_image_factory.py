@@ -298,3 +298,13 @@ def test_invalid_schematic_is_refused_before_any_request():
         with pytest.raises(SchematicError, match="unknown key"):
             register_schematic(factory.url, {"customization": {"kernelArgs": []}}, timeout=5)
     assert factory.requests == []
+
+
+def test_schematic_file_scalars_in_overlay_options_follow_go():
+    """Go's yaml (YAML 1.2) reads `1:20` and `yes` as strings and `010`/`0x1f` as ints; PyYAML's 1.1 defaults do not."""
+    loaded = load_schematic("overlay:\n  image: x\n  name: y\n  options:\n"
+                            "    a: 1:20\n    b: 010\n    c: 0x1f\n    d: 1e3\n    f: off\n    k: yes\n    l: True\n")
+    # what Go's yaml.v4 gives for this very file decoded into the factory's Schematic struct
+    assert marshal_schematic(loaded) == (
+        "overlay:\n    image: x\n    name: 'y'\n    options:\n        a: '1:20'\n        b: 8\n        c: 31\n"
+        "        d: 1000\n        f: 'off'\n        k: 'yes'\n        l: true\ncustomization: {}\n")
