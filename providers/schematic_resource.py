@@ -55,6 +55,14 @@ def _failing_input(message: str) -> str:
     return name if name in INPUTS else "schematic"
 
 
+def _url_input(name: str, value: Any) -> Any:
+    if name == "talos_version":
+        return normalize_version(value)
+    if name == "secure_boot":
+        return bool(value)
+    return value
+
+
 class SchematicProvider(dynamic.ResourceProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
         try:
@@ -89,14 +97,6 @@ class SchematicProvider(dynamic.ResourceProvider):
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         return None
-
-
-def _url_input(name: str, value: Any) -> Any:
-    if name == "talos_version":
-        return normalize_version(value)
-    if name == "secure_boot":
-        return bool(value)
-    return value
 
 
 class Schematic(dynamic.Resource):
