@@ -12,6 +12,8 @@ import ssl
 
 import grpc
 
+from .retry import is_retryable
+
 _MAX_DETAILS = 400
 
 # OpenSSL alert reasons with which a TLS server refuses the client certificate we presented.
@@ -68,7 +70,7 @@ class TalosPermissionDenied(TalosApiError):
 def transient_while_rebooting(error: BaseException) -> bool:
     """Retry predicate while a node reboots: it is unreachable or slow, or (right after a
     maintenance-mode apply) it still presents its maintenance certificate to an mTLS client."""
-    if getattr(error, "retryable", False):
+    if is_retryable(error):
         return True
     return isinstance(error, TalosTlsError) and error.reason == "server-not-trusted"
 

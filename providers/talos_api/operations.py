@@ -1,0 +1,193 @@
+"""Multi-step Talos API operations the resources run: apply a machine configuration (insecure the
+first time, mTLS afterwards) and wait for the node, bootstrap etcd once, fetch the kubeconfig.
+
+No Pulumi here; each function takes plain values, retries what a booting node makes transient,
+and gives up with retry.GaveUp (naming the endpoint and the last error) after `timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import grpc
+
+from . import errors
+from .client import APPLY_MODES, TalosClient, read_talosconfig
+from .kubeconfig import extract_kubeconfig
+from .generated.machine import machine_pb2
+from .retry import Backoff, call_with_retry, is_retryable
+
+DEFAULT_BACKOFF = Backoff(initial=2.0, factor=2.0, maximum=15.0)  # read at call time (tests shorten it)
+CALL_TIMEOUT = 60.0  # seconds for one RPC; the overall timeout bounds the whole operation
+
+
+def config_sha256(machine_configuration: str | bytes) -> str:
+    """What we remember of an applied configuration: its hash, never the text."""
+    data = machine_configuration.encode() if isinstance(machine_configuration, str) else machine_configuration
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_mode(mode: str) -> None:
+    if mode not in APPLY_MODES:
+        raise ValueError(f"mode {mode!r} is not supported; expected one of {', '.join(APPLY_MODES)}")
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    via: str  # "insecure" (node was in maintenance) or "mtls"
+    mode: str  # what the node reports it did, e.g. NO_REBOOT, STAGED
+    mode_details: str
+    warnings: tuple[str, ...]
+    rebooted: bool
+
+
+class _Deadline:
+    def __init__(self, timeout: float, clock: Callable[[], float]):
+        self._clock = clock
+        self._end = clock() + timeout
+
+    def remaining(self) -> float:
+        return max(self._end - self._clock(), 0.0)
+
+
+def _mtls_client(talosconfig: str | Mapping, endpoint: str, node: str) -> TalosClient:
+    credentials = read_talosconfig(talosconfig).credentials
+    return TalosClient([endpoint], credentials=credentials, node=node)
+
+
+def _transient_apply(error: BaseException) -> bool:
+    return is_retryable(error) or (
+        getattr(error, "code", None) == grpc.StatusCode.FAILED_PRECONDITION
+        and "already in progress" in getattr(error, "explanation", "")
+    )
+
+
+def _not_ready_yet(error: BaseException) -> bool:
+    """Bootstrap and Kubeconfig answers of a control plane that is still starting."""
+    if errors.transient_while_rebooting(error):
+        return True
+    code = getattr(error, "code", None)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:  # "bootstrap is not available yet", "time is not in sync yet"
+        return True
+    return code == grpc.StatusCode.UNIMPLEMENTED and "machine type is not set" in getattr(error, "explanation", "")
+
+
+def wait_until_ready(client: TalosClient, *, timeout: float, what: str, backoff: Backoff | None = None,
+                     sleep=time.sleep, clock=time.monotonic) -> str:
+    """Wait for the node to answer Version over the client's connection; returns the Talos tag."""
+    backoff = backoff or DEFAULT_BACKOFF
+    reply = call_with_retry(
+        lambda remaining: client.version(timeout=min(CALL_TIMEOUT, remaining)),
+        timeout=timeout, what=what, backoff=backoff, retry_if=errors.transient_while_rebooting,
+        sleep=sleep, clock=clock,
+    )
+    return reply.messages[0].version.tag if reply.messages else ""
+
+
+def apply_machine_configuration(
+    node: str,
+    machine_configuration: str | bytes,
+    talosconfig: str | Mapping,
+    *,
+    endpoint: str | None = None,
+    mode: str = "auto",
+    try_timeout: float | None = None,
+    insecure_first: bool = True,
+    wait: bool = True,
+    timeout: float = 600.0,
+    backoff: Backoff | None = None,
+    sleep=time.sleep,
+    clock=time.monotonic,
+) -> ApplyOutcome:
+    """Apply a configuration to one node and wait for it to be back.
+
+    insecure_first (creation): try without a client certificate, as a node in maintenance mode
+    expects; such a node always gets AUTO (it installs and reboots into the configuration, whatever
+    mode is asked for updates). A node that refuses because it needs a client certificate is already
+    configured (a re-run, or adoption), so the same configuration goes over mTLS instead.
+    mTLS modes: auto, no-reboot, staged, try (rolled back after try_timeout seconds) and reboot,
+    which configured Talos no longer accepts as an apply mode: it is done as staged + Reboot.
+    With wait, returns once the node answers over mTLS after any reboot.
+    """
+    check_mode(mode)
+    backoff = backoff or DEFAULT_BACKOFF
+    endpoint = endpoint or node
+    data = machine_configuration.encode() if isinstance(machine_configuration, str) else machine_configuration
+    deadline = _Deadline(timeout, clock)
+    state = {"configured": not insecure_first}
+
+    with TalosClient([endpoint]) as insecure, _mtls_client(talosconfig, endpoint, node) as mtls:
+
+        def attempt(remaining: float):
+            call_timeout = min(CALL_TIMEOUT, remaining)
+            if not state["configured"]:
+                try:
+                    return "insecure", insecure.apply_configuration(data, mode="auto", timeout=call_timeout)
+                except errors.TalosTlsError as exc:
+                    if exc.reason != "client-cert-required":
+                        raise
+                    state["configured"] = True
+            wire_mode = "staged" if mode == "reboot" else mode
+            return "mtls", mtls.apply_configuration(data, mode=wire_mode, try_timeout=try_timeout,
+                                                    timeout=call_timeout)
+
+        via, reply = call_with_retry(attempt, timeout=deadline.remaining(), what=f"apply configuration to {node}",
+                                     backoff=backoff, retry_if=_transient_apply, sleep=sleep, clock=clock)
+        message = reply.messages[0] if reply.messages else None
+        rebooted = via == "insecure"
+        if via == "mtls" and mode == "reboot":
+            call_with_retry(lambda remaining: mtls.reboot(timeout=min(CALL_TIMEOUT, remaining)),
+                            timeout=deadline.remaining(), what=f"reboot {node}", backoff=backoff,
+                            sleep=sleep, clock=clock)
+            rebooted = True
+        if wait:
+            wait_until_ready(mtls, timeout=deadline.remaining(), what=f"wait for {node} after apply",
+                             backoff=backoff, sleep=sleep, clock=clock)
+
+    if message is None:
+        message = machine_pb2.ApplyConfiguration()
+    return ApplyOutcome(
+        via=via,
+        mode=machine_pb2.ApplyConfigurationRequest.Mode.Name(message.mode),
+        mode_details=message.mode_details,
+        warnings=tuple(message.warnings),
+        rebooted=rebooted,
+    )
+
+
+def bootstrap_etcd(node: str, talosconfig: str | Mapping, *, endpoint: str | None = None, timeout: float = 600.0,
+                   backoff: Backoff | None = None, sleep=time.sleep, clock=time.monotonic) -> bool:
+    """Bootstrap etcd on a control plane node; returns False if it was already bootstrapped.
+
+    Talos answers a second bootstrap with ALREADY_EXISTS ("etcd data directory is not empty"),
+    which is success for us; FAILED_PRECONDITION means "not yet" and is retried.
+    """
+    backoff = backoff or DEFAULT_BACKOFF
+    with _mtls_client(talosconfig, endpoint or node, node) as mtls:
+
+        def attempt(remaining: float) -> bool:
+            try:
+                mtls.bootstrap(timeout=min(CALL_TIMEOUT, remaining))
+            except errors.TalosApiError as exc:
+                if exc.code == grpc.StatusCode.ALREADY_EXISTS:
+                    return False
+                raise
+            return True
+
+        return call_with_retry(attempt, timeout=timeout, what=f"bootstrap etcd on {node}", backoff=backoff,
+                               retry_if=_not_ready_yet, sleep=sleep, clock=clock)
+
+
+def fetch_kubeconfig(node: str, talosconfig: str | Mapping, *, endpoint: str | None = None, timeout: float = 600.0,
+                     backoff: Backoff | None = None, sleep=time.sleep, clock=time.monotonic) -> str:
+    """The cluster's admin kubeconfig from a control plane node (Talos issues a new client
+    certificate on every call)."""
+    backoff = backoff or DEFAULT_BACKOFF
+    with _mtls_client(talosconfig, endpoint or node, node) as mtls:
+        data = call_with_retry(lambda remaining: mtls.kubeconfig(timeout=min(CALL_TIMEOUT, remaining)),
+                               timeout=timeout, what=f"kubeconfig from {node}", backoff=backoff,
+                               retry_if=_not_ready_yet, sleep=sleep, clock=clock)
+    return extract_kubeconfig(data)

@@ -1,0 +1,219 @@
+"""ConfigurationApply, Bootstrap and Kubeconfig providers called directly against stand-in nodes,
+and the resources registered under Pulumi mocks (secret inputs, secret kubeconfig output)."""
+
+import functools
+import hashlib
+
+import grpc
+import pytest
+
+from providers import talos_client, talos_secrets
+from providers.talos_api import operations, resources
+from providers.talos_api.retry import Backoff, GaveUp
+from tests.mocked_program import run_program, stack_config
+from tests.talos_api_server import FakeTalosNode
+
+CONFIG = "version: v1alpha1\nmachine:\n  token: abcdef.0123456789abcdef\n"
+NEW_CONFIG = CONFIG + "cluster:\n  clusterName: stand-in\n"
+KUBECONFIG = "apiVersion: v1\nkind: Config\nusers:\n- name: admin\n"
+
+
+@functools.lru_cache(maxsize=1)
+def _bundle():
+    return talos_secrets.generate_secrets("v1.11.5")
+
+
+@functools.lru_cache(maxsize=1)
+def _talosconfig() -> str:
+    return talos_client.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch):
+    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", Backoff(initial=0.1, factor=2, maximum=0.4))
+
+
+@pytest.fixture
+def maintenance_node():
+    node = FakeTalosNode(_bundle(), mode="maintenance", install_downtime=0.3)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def configured_node():
+    node = FakeTalosNode(_bundle(), mode="configured", install_downtime=0.3)
+    yield node
+    node.stop()
+
+
+def _apply_props(node: FakeTalosNode, config: str = CONFIG, **extra):
+    # the stand-in listens on 127.0.0.1:<port>; the node header carries the address apid would route to
+    return {"node": "127.0.0.1", "endpoint": node.endpoint, "machine_configuration": config,
+            "talosconfig": _talosconfig(), "mode": "auto", "try_timeout_seconds": None, "timeout_seconds": 20,
+            **extra}
+
+
+def _assert_no_secrets(outs: dict):
+    text = repr(outs)
+    assert "token" not in text and "abcdef" not in text
+    assert _talosconfig() not in text and "PRIVATE KEY" not in text
+
+
+# --- ConfigurationApply ---------------------------------------------------------------------------
+
+
+def test_create_applies_insecure_then_waits_for_the_configured_node(maintenance_node):
+    provider = resources.ConfigurationApplyProvider()
+    result = provider.create(_apply_props(maintenance_node))
+    assert result.outs["applied_via"] == "insecure"
+    assert result.outs["config_sha256"] == hashlib.sha256(CONFIG.encode()).hexdigest()
+    _assert_no_secrets(result.outs)
+    apply, *after = maintenance_node.calls
+    assert (apply.rpc, apply.mode, apply.roles, apply.request.data) == ("ApplyConfiguration", "maintenance", (), CONFIG.encode())
+    assert apply.request.mode == 1  # AUTO for a first apply
+    # it returned only once the rebooted node answered over mTLS
+    assert after[-1].rpc == "Version" and after[-1].mode == "configured" and after[-1].roles == ("os:admin",)
+    assert maintenance_node.mode == "configured"
+
+
+def test_create_on_an_already_configured_node_falls_back_to_mtls(configured_node):
+    result = resources.ConfigurationApplyProvider().create(_apply_props(configured_node))
+    assert result.outs["applied_via"] == "mtls"
+    assert result.outs["applied_mode"] == "NO_REBOOT"
+    applies = configured_node.calls_for("ApplyConfiguration")
+    assert [(c.roles, c.metadata.get("node")) for c in applies] == [(("os:admin",), ["127.0.0.1"])]
+    assert configured_node.config == CONFIG.encode()
+
+
+def test_diff_compares_hashes_and_never_the_config(configured_node):
+    provider = resources.ConfigurationApplyProvider()
+    olds = provider.create(_apply_props(configured_node)).outs
+    same = provider.diff("id", olds, _apply_props(configured_node))
+    assert not same.changes
+    changed = provider.diff("id", olds, _apply_props(configured_node, NEW_CONFIG))
+    assert changed.changes and changed.replaces == []
+    moved = provider.diff("id", olds, {**_apply_props(configured_node), "node": "10.5.0.9"})
+    assert moved.replaces == ["node"]
+
+
+def test_update_reapplies_over_mtls_only_when_the_config_changed(configured_node):
+    provider = resources.ConfigurationApplyProvider()
+    olds = provider.create(_apply_props(configured_node)).outs
+    calls_before = len(configured_node.calls)
+    unchanged = provider.update("id", olds, _apply_props(configured_node, mode="staged"))
+    assert len(configured_node.calls) == calls_before  # nothing sent
+    assert unchanged.outs["mode"] == "staged" and unchanged.outs["config_sha256"] == olds["config_sha256"]
+
+    updated = provider.update("id", olds, _apply_props(configured_node, NEW_CONFIG, mode="try", try_timeout_seconds=120))
+    last = configured_node.calls_for("ApplyConfiguration")[-1]
+    assert (last.roles, last.request.mode, last.request.try_mode_timeout.seconds) == (("os:admin",), 4, 120)
+    assert updated.outs["config_sha256"] == hashlib.sha256(NEW_CONFIG.encode()).hexdigest()
+    assert updated.outs["applied_via"] == "mtls"
+    _assert_no_secrets(updated.outs)
+
+
+def test_reboot_mode_stages_then_reboots_and_waits(configured_node):
+    provider = resources.ConfigurationApplyProvider()
+    olds = provider.create(_apply_props(configured_node)).outs
+    provider.update("id", olds, _apply_props(configured_node, NEW_CONFIG, mode="reboot"))
+    rpcs = [c.rpc for c in configured_node.calls]
+    staged = configured_node.calls_for("ApplyConfiguration")[-1]
+    assert staged.request.mode == 3  # STAGED: configured Talos refuses the old REBOOT mode
+    assert rpcs[rpcs.index("Reboot") - 1] == "ApplyConfiguration" and rpcs[-1] == "Version"
+    assert configured_node.config == NEW_CONFIG.encode()  # the staged config took effect at the reboot
+
+
+def test_create_gives_up_after_the_timeout_naming_the_node(configured_node):
+    configured_node.go_down()
+    with pytest.raises(GaveUp) as caught:
+        resources.ConfigurationApplyProvider().create(_apply_props(configured_node, timeout_seconds=1))
+    assert configured_node.endpoint in str(caught.value) and "unreachable" in str(caught.value)
+    assert "token" not in str(caught.value)
+
+
+def test_check_reports_bad_mode_and_timeout():
+    result = resources.ConfigurationApplyProvider().check({}, {"node": "10.5.0.2", "mode": "fast", "timeout_seconds": 0})
+    assert sorted(f.property for f in result.failures) == ["mode", "timeout_seconds"]
+
+
+# --- Bootstrap ------------------------------------------------------------------------------------
+
+
+def _props(node: FakeTalosNode, **extra):
+    return {"node": "127.0.0.1", "endpoint": node.endpoint, "talosconfig": _talosconfig(), "timeout_seconds": 10,
+            **extra}
+
+
+def test_bootstrap_twice_is_success_both_times(configured_node):
+    first = resources.BootstrapProvider().create(_props(configured_node))
+    second = resources.BootstrapProvider().create(_props(configured_node))
+    assert (first.outs["already_bootstrapped"], second.outs["already_bootstrapped"]) == (False, True)
+    assert len(configured_node.calls_for("Bootstrap")) == 2
+    _assert_no_secrets(first.outs)
+
+
+def test_bootstrap_waits_while_not_available_yet(configured_node):
+    configured_node.fail_next("Bootstrap", grpc.StatusCode.FAILED_PRECONDITION, "bootstrap is not available yet", times=2)
+    result = resources.BootstrapProvider().create(_props(configured_node))
+    assert result.outs["already_bootstrapped"] is False
+    assert len(configured_node.calls_for("Bootstrap")) == 3
+
+
+def test_bootstrap_on_a_worker_fails_at_once(configured_node):
+    configured_node.fail_next("Bootstrap", grpc.StatusCode.UNIMPLEMENTED, "bootstrap is only available on control plane nodes")
+    with pytest.raises(Exception, match="only available on control plane nodes"):
+        resources.BootstrapProvider().create(_props(configured_node))
+    assert len(configured_node.calls_for("Bootstrap")) == 1
+
+
+# --- Kubeconfig -----------------------------------------------------------------------------------
+
+
+def test_kubeconfig_is_fetched_once_and_refetched_when_its_source_changes(configured_node):
+    configured_node.kubeconfig_yaml = KUBECONFIG
+    configured_node.kubeconfig_chunk = 32
+    provider = resources.KubeconfigProvider()
+    outs = provider.create(_props(configured_node)).outs
+    assert outs["kubeconfig"] == KUBECONFIG
+    assert _talosconfig() not in repr(outs)
+    assert not provider.diff("id", outs, _props(configured_node)).changes
+    provider.update("id", outs, _props(configured_node, timeout_seconds=30))
+    assert len(configured_node.calls_for("Kubeconfig")) == 1
+    other = talos_client.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])  # new client certificate
+    assert provider.diff("id", outs, {**_props(configured_node), "talosconfig": other}).changes
+    provider.update("id", outs, {**_props(configured_node), "talosconfig": other})
+    assert len(configured_node.calls_for("Kubeconfig")) == 2
+
+
+# --- registered under Pulumi mocks ----------------------------------------------------------------
+
+
+def test_registered_resources_keep_configs_secret_and_kubeconfig_secret():
+    def program():
+        apply = resources.ConfigurationApply("apply-cp1", node="10.5.0.2", machine_configuration=CONFIG,
+                                             talosconfig="talosconfig-text")
+        bootstrap = resources.Bootstrap("bootstrap", node="10.5.0.2", talosconfig="talosconfig-text")
+        resources.Kubeconfig("kubeconfig", node="10.5.0.2", talosconfig="talosconfig-text")
+        assert apply and bootstrap
+
+    run = run_program(stack_config("test-cluster"), program=program)
+    by_name = {r.name: r for r in run.registrations}
+    assert by_name["kubeconfig"].additional_secret_outputs == ["kubeconfig"]
+    for name, secret_inputs in (("apply-cp1", ("machine_configuration", "talosconfig")),
+                                ("bootstrap", ("talosconfig",)), ("kubeconfig", ("talosconfig",))):
+        registered = by_name[name].inputs
+        for key in secret_inputs:
+            assert _is_secret_value(registered[key]), f"{name}.{key} is not registered as a secret"
+        assert registered["node"] == "10.5.0.2"
+
+
+def _is_secret_value(value) -> bool:
+    from pulumi.runtime import rpc
+
+    return isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+def test_resource_rejects_an_unknown_mode_in_the_program():
+    with pytest.raises(ValueError, match="mode 'fast'"):
+        resources.ConfigurationApply("x", node="10.5.0.2", machine_configuration="", talosconfig="", mode="fast")
