@@ -1,0 +1,242 @@
+"""The health wait against a stand-in Kubernetes API on 127.0.0.1 that demands the kubeconfig's client cert."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from providers.cluster_health import (
+    ClusterNotHealthy,
+    KubeApi,
+    KubeApiError,
+    KubeconfigError,
+    coredns_problems,
+    node_problems,
+    read_kubeconfig,
+    wait_for_health,
+)
+from providers.cluster_health_resource import ClusterHealthProvider
+from providers.pki import b64_pem, issue_certificate, new_ca, talos_key_pem
+from providers.talos_api.tls_bridge import load_cert_chain
+
+NODES_PATH = "/api/v1/nodes"
+COREDNS_PATH = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"
+
+
+def node(name, ready, reason=None, message=None):
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    if reason:
+        condition.update(reason=reason, message=message)
+    return {"metadata": {"name": name}, "status": {"conditions": [condition]}}
+
+
+def coredns(available, replicas=2):
+    return {"spec": {"replicas": replicas}, "status": {
+        "availableReplicas": available,
+        "conditions": [{"type": "Available", "status": "True" if available else "False"}]}}
+
+
+NOT_READY = node("worker-1", False, "KubeletNotReady", "container runtime network not ready: cni plugin not initialized")
+
+
+class StandInApi:
+    """The far side only: an HTTPS server with the cluster CA's certificate, requiring a client cert.
+
+    `states` is a list of (nodes, coredns deployment or None) served in turn, one per poll; the last
+    one repeats. Requests are recorded with the client certificate's subject.
+    """
+
+    def __init__(self, states, token=None):
+        self.ca_pem, ca_key = new_ca(organizations=["kubernetes"], key_type="ecdsa-p256")
+        server_pem, server_key = issue_certificate(self.ca_pem, ca_key, common_name="kube-apiserver",
+                                                   ip_addresses=["127.0.0.1"], key_type="ecdsa-p256", server=True)
+        self.client_pem, self.client_key = issue_certificate(
+            self.ca_pem, ca_key, common_name="admin", organizations=["system:masters"], key_type="ecdsa-p256",
+            client=True)
+        self.states = list(states)
+        self.token = token
+        self.requests: list[tuple[str, str]] = []
+        self.polls = 0
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        load_cert_chain(context, server_pem, server_key)
+        if token is None:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cadata=self.ca_pem.decode())
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_):
+                pass
+
+            def do_GET(self):
+                peer = self.connection.getpeercert() or {}
+                subject = dict(x[0] for x in peer.get("subject", ()))
+                api.requests.append((self.path, subject.get("organizationName", "")))
+                if api.token is not None and self.headers.get("Authorization") != f"Bearer {api.token}":
+                    return self._send(401, {"kind": "Status", "reason": "Unauthorized"})
+                nodes, deployment = api.states[min(api.polls, len(api.states) - 1)]
+                if self.path == NODES_PATH:
+                    return self._send(200, {"kind": "NodeList", "items": nodes})
+                if self.path == COREDNS_PATH:
+                    api.polls += 1  # the second read of a poll
+                    return self._send(404, {}) if deployment is None else self._send(200, deployment)
+                return self._send(404, {})
+
+            def _send(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.server = f"https://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def kubeconfig(self, ca_pem=None, with_client_cert=True, token=None, key_pem=None):
+        user = {}
+        if with_client_cert:
+            user = {"client-certificate-data": b64_pem(self.client_pem),
+                    "client-key-data": b64_pem(key_pem or self.client_key)}
+        if token:
+            user["token"] = token
+        return yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "admin@test-cluster",
+            "clusters": [{"name": "test-cluster", "cluster": {
+                "server": self.server, "certificate-authority-data": b64_pem(ca_pem or self.ca_pem)}}],
+            "contexts": [{"name": "admin@test-cluster", "context": {"cluster": "test-cluster", "user": "admin"}}],
+            "users": [{"name": "admin", "user": user}],
+        })
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def stand_in():
+    made = []
+
+    def make(states, **kw):
+        api = StandInApi(states, **kw)
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.close()
+
+
+HEALTHY = ([node("master-1", True), node("worker-1", True)], coredns(2))
+
+
+def test_waits_until_nodes_ready_and_coredns_available(stand_in):
+    api = stand_in([
+        ([node("master-1", True)], None),
+        ([node("master-1", True), NOT_READY], coredns(0)),
+        HEALTHY,
+    ])
+    polls = wait_for_health(KubeApi(read_kubeconfig(api.kubeconfig())), expected_nodes=2, timeout_seconds=30,
+                            poll_seconds=0.01)
+    assert polls == 3
+    assert set(api.requests) == {(NODES_PATH, "system:masters"), (COREDNS_PATH, "system:masters")}
+
+
+def test_timeout_names_what_is_still_wrong(stand_in):
+    api = stand_in([([node("master-1", True), NOT_READY], coredns(0))])
+    with pytest.raises(ClusterNotHealthy) as err:
+        wait_for_health(KubeApi(read_kubeconfig(api.kubeconfig())), expected_nodes=3, timeout_seconds=0.3,
+                        poll_seconds=0.05)
+    assert err.value.problems == [
+        "2 of 3 expected nodes registered",
+        "node worker-1 is not Ready (KubeletNotReady: container runtime network not ready: cni plugin not "
+        "initialized)",
+        "CoreDNS (kube-system/coredns): 0 of 2 replicas available",
+    ]
+    assert str(err.value).startswith(f"cluster at {api.server} not healthy after 0.3s (health.timeoutSeconds)")
+    assert api.polls >= 2
+
+
+def test_untrusted_server_is_retried_then_reported(stand_in):
+    api = stand_in([HEALTHY])
+    other_ca, _ = new_ca(organizations=["kubernetes"], key_type="ecdsa-p256")
+    with pytest.raises(ClusterNotHealthy) as err:
+        wait_for_health(KubeApi(read_kubeconfig(api.kubeconfig(ca_pem=other_ca))), 2, timeout_seconds=0.2,
+                        poll_seconds=0.05)
+    assert "CERTIFICATE_VERIFY_FAILED" in err.value.problems[0]
+    assert api.requests == []
+
+
+def test_refused_token_fails_at_once(stand_in):
+    api = stand_in([HEALTHY], token="right-token")
+    kube = KubeApi(read_kubeconfig(api.kubeconfig(with_client_cert=False, token="wrong-token")))
+    with pytest.raises(KubeApiError, match="HTTP 401 .*credentials are refused") as err:
+        wait_for_health(kube, 2, timeout_seconds=30, poll_seconds=0.01)
+    assert "wrong-token" not in str(err.value)
+    good = KubeApi(read_kubeconfig(api.kubeconfig(with_client_cert=False, token="right-token")))
+    assert wait_for_health(good, 2, timeout_seconds=5, poll_seconds=0.01) == 1
+
+
+def test_talos_labelled_ed25519_client_key_is_accepted(stand_in):
+    api = stand_in([HEALTHY])
+    ca_pem, ca_key = new_ca(organizations=["kubernetes"], key_type="ed25519")
+    access = read_kubeconfig(api.kubeconfig(key_pem=talos_key_pem(issue_certificate(
+        ca_pem, ca_key, common_name="admin", client=True)[1])))
+    assert access.key_pem.startswith(b"-----BEGIN PRIVATE KEY-----")
+    assert "client-key" not in repr(access) and "BEGIN" not in repr(access)
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update({"current-context": "nope"}), "kubeconfig: contexts has no entry named 'nope'"),
+    (lambda d: d["clusters"][0]["cluster"].update(server="http://10.0.0.1:6443"),
+     "kubeconfig: cluster 'test-cluster' server 'http://10.0.0.1:6443' is not an https:// URL"),
+    (lambda d: d["users"][0]["user"].pop("client-key-data"),
+     "kubeconfig: client-certificate-data and client-key-data must be given together"),
+    (lambda d: d["users"][0].update(user={}), "kubeconfig: user 'admin' has neither a client certificate nor a token"),
+    (lambda d: d["clusters"][0]["cluster"].update({"certificate-authority-data": "!!"}),
+     "kubeconfig: certificate-authority-data: not valid base64"),
+])
+def test_bad_kubeconfig_names_the_field(stand_in, edit, message):
+    doc = yaml.safe_load(stand_in([HEALTHY]).kubeconfig())
+    edit(doc)
+    with pytest.raises(KubeconfigError) as err:
+        read_kubeconfig(yaml.safe_dump(doc))
+    assert str(err.value) == message
+
+
+def test_node_and_coredns_checks():
+    assert node_problems({"items": [node("a", True), node("b", True)]}, 2) == []
+    assert node_problems({"items": [{"metadata": {"name": "c"}, "status": {}}]}, 1) == ["node c: no Ready condition yet"]
+    assert node_problems(None, 1) == ["0 of 1 expected nodes registered"]
+    assert coredns_problems(coredns(1)) == []
+    assert coredns_problems(None) == ["CoreDNS (kube-system/coredns): Deployment not found yet"]
+    # Replicas counted available but the Deployment not yet reporting Available: still waiting.
+    stale = coredns(1)
+    stale["status"]["conditions"][0]["status"] = "False"
+    assert coredns_problems(stale) == ["CoreDNS (kube-system/coredns): 1 of 2 replicas available"]
+
+
+def test_provider_waits_on_create_and_on_trigger_changes_only(stand_in):
+    api = stand_in([HEALTHY])
+    provider = ClusterHealthProvider()
+    props = {"kubeconfig": api.kubeconfig(), "expected_nodes": 2, "timeout_seconds": 5, "poll_seconds": 0.01,
+             "triggers": [1, 1], "server": None}
+    created = provider.create(props)
+    assert created.outs == {"expected_nodes": 2, "timeout_seconds": 5, "triggers": [1, 1], "server": api.server}
+    assert "kubeconfig" not in created.outs
+    assert api.polls == 1
+    assert not provider.diff(created.id, created.outs, {**props, "timeout_seconds": 60}).changes
+    assert provider.diff(created.id, created.outs, {**props, "triggers": [2, 1]}).changes
+    assert provider.diff(created.id, created.outs, {**props, "expected_nodes": 3}).changes
+    provider.update(created.id, created.outs, {**props, "triggers": [2, 1]})
+    assert api.polls == 2
+    failing = stand_in([([NOT_READY], coredns(0))])
+    with pytest.raises(ClusterNotHealthy):
+        provider.create({**props, "kubeconfig": failing.kubeconfig(), "expected_nodes": 1, "timeout_seconds": 0.1})
