@@ -1,0 +1,97 @@
+"""Credentials only from secret config or the environment: the check over stack config."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from providers.credentials import (
+    PROXMOX_CREDENTIALS,
+    CredentialsError,
+    ensure_no_plaintext_credentials,
+    plaintext_credentials,
+    stack_config_from_runtime,
+)
+
+STACKS = sorted((Path(__file__).resolve().parent.parent / "stacks").glob("Pulumi.*.yaml"))
+TOKEN = "root@pam!pulumi=5f0c1d9e-aaaa-bbbb-cccc-0123456789ab"
+SECURE = {"secure": "v1:Zm9vYmFy:ciphertext"}
+
+
+def test_there_are_stack_files():
+    assert len(STACKS) >= 2
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=lambda p: p.name)
+def test_no_stack_file_holds_a_plaintext_credential(stack):
+    config = yaml.safe_load(stack.read_text())["config"]
+    assert plaintext_credentials(config) == []
+
+
+def test_plain_api_token_is_flagged_with_key_and_both_remedies_but_not_the_value():
+    problems = plaintext_credentials({"proxmoxve:endpoint": "https://pve:8006/", "proxmoxve:apiToken": TOKEN})
+    assert len(problems) == 1
+    assert problems[0].startswith("proxmoxve:apiToken: ")
+    assert "pulumi config set --secret proxmoxve:apiToken" in problems[0]
+    assert "PROXMOX_VE_API_TOKEN" in problems[0]
+    assert TOKEN not in problems[0] and "5f0c1d9e" not in problems[0]
+
+
+def test_secure_values_and_plain_non_credentials_pass():
+    assert plaintext_credentials({
+        "proxmoxve:endpoint": "https://pve:8006/",
+        "proxmoxve:insecure": True,
+        "proxmoxve:username": "root@pam",  # an identity, not a secret
+        "proxmoxve:apiToken": SECURE,
+        "proxmoxve:password": SECURE,
+        "proxmoxve:ssh": {"username": "root", "privateKey": SECURE, "agent": True},
+        "talos-proxmox:cluster": {"name": "c", "secretsFile": "secrets.yaml"},
+    }) == []
+
+
+def test_username_with_plain_password_flags_the_password():
+    problems = plaintext_credentials({"proxmoxve:username": "root@pam", "proxmoxve:password": "hunter2"})
+    assert [p.split(": a credential")[0] for p in problems] == ["proxmoxve:password"]
+    assert "PROXMOX_VE_PASSWORD" in problems[0] and "hunter2" not in problems[0]
+
+
+def test_every_provider_credential_key_is_flagged_when_plain():
+    config = {}
+    for path in PROXMOX_CREDENTIALS:
+        key, _, nested = path.partition(".")
+        if nested:
+            config.setdefault(key, {})[nested] = "plain-value"
+        else:
+            config[key] = "plain-value"
+    flagged = {p.split(": a credential")[0] for p in plaintext_credentials(config)}
+    assert flagged == set(PROXMOX_CREDENTIALS)
+
+
+def test_nested_credentials_anywhere_are_flagged_with_a_path_remedy():
+    problems = plaintext_credentials({
+        "proxmoxve:ssh": {"username": "root", "password": "ssh-pass"},
+        "talos-proxmox:cluster": {"patches": [
+            {"machine": {"registries": {"config": {"registry.lab": {"auth": {"password": "reg-pass"}}}}}}]},
+        "kubernetes:kubeconfig": "apiVersion: v1\nkind: Config\n",
+    })
+    paths = [p.split(": a credential")[0] for p in problems]
+    assert paths == [
+        "kubernetes:kubeconfig",
+        "proxmoxve:ssh.password",
+        "talos-proxmox:cluster.patches[0].machine.registries.config.registry.lab.auth.password",
+    ]
+    assert "--path 'proxmoxve:ssh.password'" in problems[1] and "PROXMOX_VE_SSH_PASSWORD" in problems[1]
+    assert all("ssh-pass" not in p and "reg-pass" not in p for p in problems)
+
+
+def test_runtime_config_secret_keys_pass_plain_ones_raise():
+    runtime = {"proxmoxve:apiToken": TOKEN, "proxmoxve:endpoint": "https://pve:8006/",
+               "proxmoxve:ssh": '{"username": "root", "password": "ssh-pass"}'}
+    secret_keys = {"proxmoxve:apiToken"}
+    shaped = stack_config_from_runtime(runtime, secret_keys.__contains__)
+    assert TOKEN not in str(shaped)
+    with pytest.raises(CredentialsError) as err:
+        ensure_no_plaintext_credentials(shaped)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith("proxmoxve:ssh.password: ")
+    assert "ssh-pass" not in str(err.value)
+    ensure_no_plaintext_credentials(stack_config_from_runtime(runtime, {"proxmoxve:apiToken", "proxmoxve:ssh"}.__contains__))
