@@ -399,9 +399,22 @@ def _read_image(r: _Reader, raw: Any) -> ImageSettings:
         arch=r.value(s, "arch", "image.arch", _one_of("amd64", "arm64"),
                      "is not a supported architecture (expected amd64 or arm64)", default="amd64"),
         secure_boot=r.value(s, "secureBoot", "image.secureBoot", _bool, "is not true or false", default=False),
-        schematic=r.value(s, "schematic", "image.schematic", _schematic,
-                          "is not a schematic mapping with a 'customization' key", default={"customization": {}}),
+        schematic=_read_schematic(r, s.get("schematic")),
     )
+
+
+def _read_schematic(r: _Reader, raw: Any) -> dict:
+    """The Image Factory's own rules, so a typo fails here rather than at the factory."""
+    from providers.image_factory import SchematicError, canonical_schematic
+
+    if raw is None:
+        return {"customization": {}}
+    try:
+        canonical_schematic(raw)
+    except SchematicError as err:
+        r.fail("image.schematic", raw, f"is not a valid schematic: {err}")
+        return {"customization": {}}
+    return dict(raw)
 
 
 def _factory_url(v: Any) -> str:
@@ -409,12 +422,6 @@ def _factory_url(v: Any) -> str:
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError
     return v.rstrip("/")
-
-
-def _schematic(v: Any) -> dict:
-    if not isinstance(v, Mapping) or not set(v) <= {"customization", "overlay"}:
-        raise ValueError
-    return dict(v)
 
 
 def _read_cluster(r: _Reader, raw: Any) -> dict:

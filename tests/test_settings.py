@@ -175,7 +175,8 @@ BAD_INPUTS = [
     ("image.arch", "riscv64",
      "talos-proxmox:image.arch: 'riscv64' is not a supported architecture (expected amd64 or arm64)"),
     ("image.schematic", {"customisation": {}},
-     "talos-proxmox:image.schematic: {'customisation': {}} is not a schematic mapping with a 'customization' key"),
+     "talos-proxmox:image.schematic: {'customisation': {}} is not a valid schematic: schematic: unknown key "
+     "'customisation'; expected one of: owner, overlay, customization (the Image Factory rejects unknown fields)"),
     ("proxmox.node", None,
      "talos-proxmox:proxmox.node: None is required (is not a Proxmox node name (expected e.g. pve))"),
     ("nodes[6].memory", "6G",
