@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import re
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
@@ -250,7 +251,7 @@ def parse_patch(patch: Any, label: str) -> tuple[str, Any]:
         return "json6902", _check_operations(list(patch), label)
     if isinstance(patch, str):
         try:
-            documents = talos_yaml.load_documents(patch)
+            documents = copy.deepcopy(_load_patch_text(patch))
         except yaml.YAMLError as exc:
             raise MachineConfigError(f"{label}: not valid YAML{talos_yaml.yaml_error_location(exc)}") from None
         if len(documents) == 1 and isinstance(documents[0], list):
@@ -264,6 +265,12 @@ def parse_patch(patch: Any, label: str) -> tuple[str, Any]:
         return "strategic", documents
     raise MachineConfigError(f"{label}: is a {type(patch).__name__}; expected a mapping, YAML text or a list "
                              "of RFC 6902 operations")
+
+
+@functools.lru_cache(maxsize=512)
+def _load_patch_text(text: str) -> list:
+    # Many nodes share the same role/cluster patch text; parse each text once (callers deep-copy).
+    return talos_yaml.load_documents(text)
 
 
 def _check_operations(operations: list, label: str) -> list:

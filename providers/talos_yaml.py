@@ -17,7 +17,7 @@ import yaml
 
 from providers import go_yaml
 
-class TalosLoader(yaml.SafeLoader):
+class TalosLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when installed
     """SafeLoader with Go yaml.v3 scalar resolution."""
 
 
