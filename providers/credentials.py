@@ -70,6 +70,11 @@ def _last_name(path: str) -> str:
     return re.split(r"[.:\[]", path.rstrip("]"))[-1]
 
 
+def is_credential_name(name: str) -> bool:
+    """Whether a key or variable name says it holds a credential (apiToken, PROXMOX_VE_PASSWORD, ...)."""
+    return bool(_CREDENTIAL_NAME.search(name.replace("_", "")))
+
+
 def _advice(path: str) -> str:
     key = re.split(r"[.\[]", path, maxsplit=1)[0]
     env = PROXMOX_CREDENTIALS.get(path)
@@ -85,7 +90,7 @@ def plaintext_credentials(stack_config: Mapping[str, Any]) -> list[str]:
         for path, value in _leaves(stack_config[key], key):
             if value is None or value == "" or isinstance(value, bool):
                 continue
-            if path in PROXMOX_CREDENTIALS or _CREDENTIAL_NAME.search(_last_name(path)):
+            if path in PROXMOX_CREDENTIALS or is_credential_name(_last_name(path)):
                 problems.append(f"{path}: a credential in plain text; expected a secret ({_advice(path)})")
     return problems
 

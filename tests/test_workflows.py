@@ -1,0 +1,107 @@
+"""The GitHub workflows: previews on pull requests, `pulumi up` on main, secrets only from GitHub secrets."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from providers.credentials import is_credential_name
+
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / ".github" / "workflows"
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
+SECRET_REF = re.compile(r"^\$\{\{\s*secrets\.[A-Za-z_][A-Za-z0-9_]*\s*\}\}$")
+
+
+def _load(name):
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def _triggers(workflow):
+    # PyYAML reads the bare key `on` as the boolean True (YAML 1.1)
+    return workflow.get("on", workflow.get(True))
+
+
+def _pulumi_step(job):
+    steps = [s for s in job["steps"] if str(s.get("uses", "")).startswith("pulumi/actions@")]
+    assert len(steps) == 1
+    return steps[0]
+
+
+def _env_blocks(workflow):
+    yield "workflow", workflow.get("env") or {}
+    for job_name, job in workflow["jobs"].items():
+        yield job_name, job.get("env") or {}
+        for i, step in enumerate(job.get("steps", [])):
+            yield f"{job_name}.steps[{i}]", step.get("env") or {}
+            yield f"{job_name}.steps[{i}].with", step.get("with") or {}
+
+
+@pytest.fixture(params=["preview.yml", "up.yml"])
+def workflow(request):
+    return _load(request.param)
+
+
+def test_stacks_exist():
+    assert "test-cluster" in STACKS and len(STACKS) >= 2
+
+
+def test_matrix_covers_exactly_the_stack_files(workflow):
+    (job,) = workflow["jobs"].values()
+    assert sorted(job["strategy"]["matrix"]["stack"]) == STACKS
+    assert _pulumi_step(job)["with"]["stack-name"] == "${{ matrix.stack }}"
+
+
+def test_setup_runs_before_pulumi(workflow):
+    (job,) = workflow["jobs"].values()
+    runs = [i for i, s in enumerate(job["steps"]) if s.get("run") == "bash scripts/setup.sh"]
+    python = [i for i, s in enumerate(job["steps"]) if str(s.get("uses", "")).startswith("actions/setup-python@")]
+    pulumi = job["steps"].index(_pulumi_step(job))
+    assert python and runs and python[0] < runs[0] < pulumi
+    assert job["steps"][python[0]]["with"]["python-version"] == "3.11"
+
+
+def test_credentials_come_only_from_github_secrets(workflow):
+    credentials_seen = set()
+    for where, block in _env_blocks(workflow):
+        for name, value in block.items():
+            text = str(value)
+            if "secrets." in text or is_credential_name(name):
+                assert SECRET_REF.match(text), f"{where}.{name} must be exactly a ${{{{ secrets.* }}}} reference"
+                credentials_seen.add(name)
+    (job,) = workflow["jobs"].values()
+    env = _pulumi_step(job)["env"]
+    assert env["PULUMI_ACCESS_TOKEN"] == "${{ secrets.PULUMI_ACCESS_TOKEN }}"
+    assert env["PROXMOX_VE_API_TOKEN"] == "${{ secrets.PROXMOX_VE_API_TOKEN }}"
+    assert {"PULUMI_ACCESS_TOKEN", "PROXMOX_VE_API_TOKEN"} <= credentials_seen
+    # nothing that looks like a token literal anywhere in the file
+    assert not re.search(r"pul-[0-9a-f]{20,}|![A-Za-z0-9_-]+=[0-9a-f-]{16,}", yaml.safe_dump(workflow))
+
+
+def test_preview_runs_on_pull_requests_and_comments_the_diff():
+    workflow = _load("preview.yml")
+    assert set(_triggers(workflow)) == {"pull_request"}
+    assert workflow["permissions"]["pull-requests"] == "write"
+    (job,) = workflow["jobs"].values()
+    step = _pulumi_step(job)
+    assert step["with"]["command"] == "preview"
+    assert step["with"]["comment-on-pr"] is True
+    assert step["with"]["diff"] is True
+    assert job["strategy"]["fail-fast"] is False  # one stack's failure still shows the others' previews
+
+
+def test_up_runs_only_on_main_one_stack_at_a_time_behind_environment_protection():
+    workflow = _load("up.yml")
+    triggers = _triggers(workflow)
+    assert set(triggers) == {"push"}
+    assert triggers["push"] == {"branches": ["main"]}
+    (job,) = workflow["jobs"].values()
+    assert job["if"] == "github.ref == 'refs/heads/main'"
+    assert job["strategy"]["max-parallel"] == 1
+    assert job["strategy"]["fail-fast"] is True
+    assert job["environment"]["name"] == "${{ matrix.stack }}"
+    assert workflow["concurrency"]["cancel-in-progress"] is False
+    step = _pulumi_step(job)
+    assert step["with"]["command"] == "up"
+    assert "pull-requests" not in workflow.get("permissions", {})
