@@ -44,8 +44,8 @@ cluster:
 
 PATCH_CONTROLPLANE = _KUBESPAN_CNI_PROXY
 PATCH_WORKER_WITHOUT_DISK = _KUBESPAN_CNI_PROXY
-PATCH_WORKER_WITH_DISK = """\
-machine:
+# patch-worker-with-disk.yaml is the data-disk lines followed by the same KubeSpan/CNI/proxy settings.
+_DATA_DISK_LINES = """\
   kernel:
     modules:
       - name: iscsi_tcp
@@ -62,20 +62,8 @@ machine:
           - bind
           - rshared
           - rw
-  network:
-    kubespan:
-      enabled: true
-      mtu: 1420
-      advertiseKubernetesNetworks: false
-cluster:
-  discovery:
-    enabled: true
-  network:
-    cni:
-      name: none
-  proxy:
-    disabled: true
 """
+PATCH_WORKER_WITH_DISK = "machine:\n" + _DATA_DISK_LINES + _KUBESPAN_CNI_PROXY.removeprefix("machine:\n")
 
 
 def network_patch(mac: str, address: str) -> str:
