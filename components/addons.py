@@ -1,0 +1,136 @@
+"""`ClusterAddons`: Cilium (with Hubble) and the Talos CCM as Helm releases, then an optional health wait.
+
+Helm releases (`helm.v3.Release`) rather than `helm.v4.Chart`: the seed installs both with
+`helm install`, and a release keeps that shape — one object Helm itself knows (`helm ls`, the cilium
+CLI read it), atomic upgrades that roll back on failure, and `helm uninstall` on removal — where a
+v4 Chart would spread the charts into hundreds of separately tracked Kubernetes objects.
+
+The two releases deliberately do not depend on each other. The CCM's pod needs the pod network
+(Cilium), while nodes keep the `node.cloudprovider.kubernetes.io/uninitialized` taint until the CCM
+runs, so Cilium's Hubble relay and UI schedule only after it: installed one after the other, the
+first release's wait could never finish. Installed side by side, both settle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from providers.addons import (
+    CCM_RELEASE,
+    CILIUM_CHART,
+    CILIUM_RELEASE,
+    HUBBLE_UI_SERVICE,
+    NAMESPACE,
+    ccm_values,
+    cilium_values,
+    hubble_ui_address,
+    hubble_ui_exposure,
+    load_balancer_host,
+)
+from providers.cluster_health_resource import ClusterHealth
+from providers.settings import Settings
+
+# Seconds Helm waits for a release's workloads; a fresh cluster pulls every image first.
+RELEASE_TIMEOUT_SECONDS = 600
+
+
+class ClusterAddons(pulumi.ComponentResource):
+    """The cluster's add-ons, installed through `k8s_provider` once everything in `depends_on` exists.
+
+    Args:
+        name: component name.
+        settings: the stack's settings (`cilium`, `hubble`, `ccm`, `health`, `cluster`, `nodes`).
+        k8s_provider: a `pulumi_kubernetes.Provider` made from the cluster's admin kubeconfig.
+        depends_on: resources that must exist before any release (bootstrap, kubeconfig).
+        kubeconfig: the admin kubeconfig (secret) for the health wait; without it the wait is skipped.
+        opts: resource options of the component.
+
+    Attributes: `cilium` and `ccm` (Releases or None), `hubble_ui_service` (the LoadBalancer Service
+    read back, or None), `health` (ClusterHealth or None), `cilium_values`, `ccm_values` (the values
+    sent), `hubble_ui_address` (Output: URL of the Hubble UI, None when the UI is off).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        k8s_provider: k8s.Provider,
+        depends_on: Sequence[pulumi.Resource] = (),
+        kubeconfig: Optional[pulumi.Input[str]] = None,
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ) -> None:
+        super().__init__("talos-proxmox:index:ClusterAddons", name, None, opts)
+        after_cluster = pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=list(depends_on))
+
+        self.cilium: Optional[k8s.helm.v3.Release] = None
+        self.ccm: Optional[k8s.helm.v3.Release] = None
+        self.hubble_ui_service: Optional[k8s.core.v1.Service] = None
+        self.health: Optional[ClusterHealth] = None
+        self.cilium_values: Optional[dict[str, Any]] = None
+        self.ccm_values: Optional[dict[str, Any]] = None
+        self.hubble_ui_address: pulumi.Output[Optional[str]] = pulumi.Output.from_input(None)
+
+        if settings.cilium.enabled:
+            self.cilium_values = cilium_values(settings)
+            self.cilium = k8s.helm.v3.Release(
+                "cilium",
+                name=CILIUM_RELEASE,
+                chart=CILIUM_CHART,
+                version=settings.cilium.version,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository),
+                namespace=NAMESPACE,
+                values=self.cilium_values,
+                atomic=True,
+                cleanup_on_fail=True,
+                timeout=RELEASE_TIMEOUT_SECONDS,
+                opts=after_cluster)
+            self.hubble_ui_address = self._hubble_ui(settings, k8s_provider)
+
+        if settings.ccm.enabled:
+            self.ccm_values = ccm_values(settings)
+            self.ccm = k8s.helm.v3.Release(
+                "talos-ccm",
+                name=CCM_RELEASE,
+                chart=settings.ccm.chart,  # an oci:// reference: no repository to add
+                version=settings.ccm.version,
+                namespace=NAMESPACE,
+                values=self.ccm_values,
+                atomic=True,
+                cleanup_on_fail=True,
+                timeout=RELEASE_TIMEOUT_SECONDS,
+                opts=after_cluster)
+
+        releases = [r for r in (self.cilium, self.ccm) if r is not None]
+        if settings.health.wait:
+            if kubeconfig is None:
+                pulumi.log.warn("health.wait is on but ClusterAddons got no kubeconfig; not waiting for health",
+                                resource=self)
+            else:
+                self.health = ClusterHealth(
+                    "health", kubeconfig,
+                    expected_nodes=len(settings.nodes),
+                    timeout_seconds=settings.health.timeout_seconds,
+                    # A new release revision (upgrade, new values) is worth waiting for again.
+                    triggers=[r.status.apply(lambda s: getattr(s, "revision", None)) for r in releases],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[*depends_on, *releases]))
+
+        self.register_outputs({"hubble_ui_address": self.hubble_ui_address})
+
+    def _hubble_ui(self, settings: Settings, k8s_provider: k8s.Provider) -> pulumi.Output[Optional[str]]:
+        exposure = hubble_ui_exposure(self.cilium_values or {})
+        if exposure is None:
+            return pulumi.Output.from_input(None)
+        if exposure.service_type != "LoadBalancer":
+            return pulumi.Output.from_input(hubble_ui_address(settings, exposure))
+        # The load balancer's address is known only once the Service exists: read it back after the
+        # release (Helm's wait already held the release until the Service had its ingress address).
+        # The id derives from the release's, so a preview of a new release does not read yet.
+        self.hubble_ui_service = k8s.core.v1.Service.get(
+            "hubble-ui",
+            self.cilium.id.apply(lambda _: f"{NAMESPACE}/{HUBBLE_UI_SERVICE}"),
+            opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=[self.cilium]))
+        return self.hubble_ui_service.status.apply(
+            lambda status: hubble_ui_address(settings, exposure, host) if (host := load_balancer_host(status)) else None)
