@@ -24,6 +24,7 @@ attributes.
 from __future__ import annotations
 
 import difflib
+import functools
 import gzip
 import io
 import select
@@ -37,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import grpc
-import yaml
+import pytest
 from google.protobuf import message_factory
 
-from providers import pki, talos_secrets
+from providers import pki, talos_client, talos_secrets
 from providers.talos_api import tls_bridge
 from providers.talos_api.client import ClientCredentials
 from providers.talos_api.generated.common import common_pb2
@@ -93,20 +94,36 @@ def _serialize(message) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def talosconfig_yaml(credentials: ClientCredentials, endpoints: list[str], nodes: list[str] = (),
-                     context: str = "stand-in") -> str:
-    """A talosconfig as talosctl writes it, for the given client identity."""
-    return yaml.safe_dump({"context": context, "contexts": {context: {
-        "endpoints": list(endpoints), "nodes": list(nodes),
-        "ca": pki.b64_pem(credentials.ca_pem), "crt": pki.b64_pem(credentials.cert_pem),
-        "key": pki.b64_pem(credentials.key_pem)}}})
+@functools.lru_cache(maxsize=None)
+def _bundle_named(_name: str) -> dict:
+    return talos_secrets.generate_secrets("v1.11.5")
+
+
+def shared_bundle(name: str = "cluster") -> dict:
+    """A secrets bundle per name, made once per test session (generating one takes a while)."""
+    return _bundle_named(name)
+
+
+@pytest.fixture
+def maintenance_node():
+    """A stand-in node in maintenance mode for shared_bundle(); import this fixture to use it."""
+    node = FakeTalosNode(shared_bundle(), mode="maintenance", install_downtime=0.3)
+    yield node
+    node.stop()
+
+
+@pytest.fixture
+def configured_node():
+    """A stand-in node configured with shared_bundle()'s OS CA; import this fixture to use it."""
+    node = FakeTalosNode(shared_bundle(), mode="configured", install_downtime=0.3)
+    yield node
+    node.stop()
 
 
 def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredentials:
-    """A client identity as talosctl's talosconfig holds it: Ed25519 certificate from the OS CA."""
-    ca_pem, ca_key = talos_secrets.ca_pair(bundle, "os")
-    cert, key = pki.issue_certificate(ca_pem, ca_key, organizations=[role], client=True, key_type="ed25519")
-    return ClientCredentials(ca_pem=ca_pem, cert_pem=cert, key_pem=pki.talos_key_pem(key))
+    """A client identity as a talosconfig holds it (talos_client's certificate, OS CA, Ed25519)."""
+    cert, key = talos_client.issue_admin_certificate(bundle, roles=(role,))
+    return ClientCredentials(ca_pem=talos_secrets.ca_pair(bundle, "os")[0], cert_pem=cert, key_pem=key)
 
 
 class FakeTalosNode:

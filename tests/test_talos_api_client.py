@@ -9,23 +9,19 @@ import time
 import grpc
 import pytest
 
-from providers import pki, talos_secrets
+from providers import pki, talos_client, talos_secrets
 from providers.talos_api import errors
 from providers.talos_api.client import ClientCredentials, TalosClient, read_talosconfig, split_endpoint
 from providers.talos_api.kubeconfig import extract_kubeconfig
 from providers.talos_api.retry import Backoff, GaveUp, call_with_retry
-from tests.talos_api_server import FakeTalosNode, client_credentials, talos_style_tgz, talosconfig_yaml
+from tests.talos_api_server import (  # noqa: F401 - fixtures
+    FakeTalosNode, client_credentials, configured_node, maintenance_node, shared_bundle, talos_style_tgz)
 
 KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n"
 
 
-@functools.lru_cache(maxsize=None)
-def _bundle_named(name: str):
-    return talos_secrets.generate_secrets("v1.11.5")
-
-
 def _bundle(name: str = "cluster"):
-    return _bundle_named(name)
+    return shared_bundle(name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,20 +31,6 @@ def _admin_of(name: str) -> ClientCredentials:
 
 def _admin(name: str = "cluster") -> ClientCredentials:
     return _admin_of(name)
-
-
-@pytest.fixture
-def maintenance_node():
-    node = FakeTalosNode(_bundle(), mode="maintenance", install_downtime=0.3)
-    yield node
-    node.stop()
-
-
-@pytest.fixture
-def configured_node():
-    node = FakeTalosNode(_bundle(), mode="configured", install_downtime=0.3)
-    yield node
-    node.stop()
 
 
 def _free_port() -> int:
@@ -224,10 +206,11 @@ def test_kubeconfig_stream(configured_node, fmt, chunk):
 
 
 def test_client_from_talosconfig(configured_node):
-    talosconfig = talosconfig_yaml(_admin(), [configured_node.endpoint], ["10.5.0.2"])
+    talosconfig = talos_client.talosconfig(_bundle(), "stand-in", [configured_node.endpoint], ["10.5.0.2"])
     context = read_talosconfig(talosconfig)
     assert context.endpoints == (configured_node.endpoint,) and context.nodes == ("10.5.0.2",)
-    assert context.credentials == _admin()
+    assert context.credentials.ca_pem == talos_secrets.ca_pair(_bundle(), "os")[0]
+    assert b"ED25519 PRIVATE KEY" in context.credentials.key_pem  # as talosctl labels it; the client copes
     assert "PRIVATE" not in repr(context) and "redacted" in repr(context.credentials)
     with TalosClient.from_talosconfig(talosconfig, node="10.5.0.2") as talos:
         talos.service_list()

@@ -7,20 +7,19 @@ import hashlib
 import grpc
 import pytest
 
-from providers import talos_client, talos_secrets
+from providers import talos_client
 from providers.talos_api import operations, resources
 from providers.talos_api.retry import Backoff, GaveUp
 from tests.mocked_program import run_program, stack_config
-from tests.talos_api_server import FakeTalosNode
+from tests.talos_api_server import FakeTalosNode, configured_node, maintenance_node, shared_bundle  # noqa: F401
 
 CONFIG = "version: v1alpha1\nmachine:\n  token: abcdef.0123456789abcdef\n"
 NEW_CONFIG = CONFIG + "cluster:\n  clusterName: stand-in\n"
 KUBECONFIG = "apiVersion: v1\nkind: Config\nusers:\n- name: admin\n"
 
 
-@functools.lru_cache(maxsize=1)
 def _bundle():
-    return talos_secrets.generate_secrets("v1.11.5")
+    return shared_bundle()
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,20 +30,6 @@ def _talosconfig() -> str:
 @pytest.fixture(autouse=True)
 def quick_backoff(monkeypatch):
     monkeypatch.setattr(operations, "DEFAULT_BACKOFF", Backoff(initial=0.1, factor=2, maximum=0.4))
-
-
-@pytest.fixture
-def maintenance_node():
-    node = FakeTalosNode(_bundle(), mode="maintenance", install_downtime=0.3)
-    yield node
-    node.stop()
-
-
-@pytest.fixture
-def configured_node():
-    node = FakeTalosNode(_bundle(), mode="configured", install_downtime=0.3)
-    yield node
-    node.stop()
 
 
 def _apply_props(node: FakeTalosNode, config: str = CONFIG, **extra):

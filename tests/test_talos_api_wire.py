@@ -5,14 +5,11 @@ reader here splits them into (field number, wire type, value) so that the expect
 come from upstream (siderolabs/talos api/machine/machine.proto), not from our generated code.
 """
 
-import functools
-
 import pytest
 
-from providers import talos_secrets
 from providers.talos_api import errors
 from providers.talos_api.client import TalosClient
-from tests.talos_api_server import FakeTalosNode, client_credentials
+from tests.talos_api_server import client_credentials, configured_node, shared_bundle  # noqa: F401
 
 VARINT, LEN = 0, 2
 
@@ -57,21 +54,14 @@ def _len_field(number: int, payload: bytes) -> bytes:
     return _encode_varint(number << 3 | LEN) + _encode_varint(len(payload)) + payload
 
 
-@functools.lru_cache(maxsize=1)
-def _bundle():
-    return talos_secrets.generate_secrets("v1.11.5")
-
-
 @pytest.fixture
-def node():
-    fake = FakeTalosNode(_bundle(), mode="configured")
-    yield fake
-    fake.stop()
+def node(configured_node):
+    return configured_node
 
 
 @pytest.fixture
 def client(node):
-    with TalosClient([node.endpoint], credentials=client_credentials(_bundle()), node="10.5.0.2") as talos:
+    with TalosClient([node.endpoint], credentials=client_credentials(shared_bundle()), node="10.5.0.2") as talos:
         yield talos
 
 

@@ -45,15 +45,27 @@ def _check_failures(props: dict[str, Any]) -> list[dynamic.CheckFailure]:
     return failures
 
 
+class _TalosNodeProvider(dynamic.ResourceProvider):
+    """What the three resources share: input checks; read keeps the state (a node cannot be asked
+    what was applied, bootstrapped or fetched without handling secrets); delete has nothing to undo
+    (a configuration or a bootstrap cannot be taken back; removing a node is its own step)."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        return dynamic.CheckResult(news, _check_failures(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None
+
+
 # --- ConfigurationApply ---------------------------------------------------------------------------
 
 _APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_seconds")
 
 
-class ConfigurationApplyProvider(dynamic.ResourceProvider):
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        return dynamic.CheckResult(news, _check_failures(news))
-
+class ConfigurationApplyProvider(_TalosNodeProvider):
     def _apply(self, props: dict[str, Any], *, insecure_first: bool) -> dict[str, Any]:
         outcome = operations.apply_machine_configuration(
             props["node"], props["machine_configuration"], props["talosconfig"],
@@ -87,14 +99,6 @@ class ConfigurationApplyProvider(dynamic.ResourceProvider):
             return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS}})
         return dynamic.UpdateResult(outs=self._apply(news, insecure_first=False))
 
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        # The node cannot be asked for its configuration without handling secrets; keep the state.
-        return dynamic.ReadResult(id_=id_, outs=props)
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        # A configuration cannot be taken back; removing a node (etcd leave, reset) is its own step.
-        return None
-
 
 class ConfigurationApply(dynamic.Resource):
     """A machine configuration applied to one node (insecure the first time, mTLS afterwards)."""
@@ -125,10 +129,7 @@ class ConfigurationApply(dynamic.Resource):
 # --- Bootstrap ------------------------------------------------------------------------------------
 
 
-class BootstrapProvider(dynamic.ResourceProvider):
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        return dynamic.CheckResult(news, _check_failures(news))
-
+class BootstrapProvider(_TalosNodeProvider):
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         bootstrapped_now = operations.bootstrap_etcd(props["node"], props["talosconfig"],
                                                      endpoint=props.get("endpoint"), timeout=_timeout(props))
@@ -146,12 +147,6 @@ class BootstrapProvider(dynamic.ResourceProvider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         return dynamic.UpdateResult(outs={**_state(olds), "endpoint": news.get("endpoint"),
                                           "timeout_seconds": news.get("timeout_seconds")})
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=props)
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        return None
 
 
 class Bootstrap(dynamic.Resource):
@@ -171,10 +166,7 @@ class Bootstrap(dynamic.Resource):
 # --- Kubeconfig -----------------------------------------------------------------------------------
 
 
-class KubeconfigProvider(dynamic.ResourceProvider):
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        return dynamic.CheckResult(news, _check_failures(news))
-
+class KubeconfigProvider(_TalosNodeProvider):
     def _fetch(self, props: dict[str, Any]) -> dict[str, Any]:
         kubeconfig = operations.fetch_kubeconfig(props["node"], props["talosconfig"],
                                                  endpoint=props.get("endpoint"), timeout=_timeout(props))
@@ -198,12 +190,6 @@ class KubeconfigProvider(dynamic.ResourceProvider):
         if self._refetch(olds, news):
             return dynamic.UpdateResult(outs=self._fetch(news))
         return dynamic.UpdateResult(outs={**_state(olds), "timeout_seconds": news.get("timeout_seconds")})
-
-    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=props)
-
-    def delete(self, _id: str, _props: dict[str, Any]) -> None:
-        return None
 
 
 class Kubeconfig(dynamic.Resource):
