@@ -37,6 +37,14 @@ from providers.settings import Settings
 RELEASE_TIMEOUT_SECONDS = 600
 
 
+def _release(resource_name: str, release_name: str, chart: str, version: str, values: dict[str, Any],
+             opts: pulumi.ResourceOptions, **chart_args: Any) -> k8s.helm.v3.Release:
+    """A release in kube-system that rolls back (atomic) and cleans up when an install or upgrade fails."""
+    return k8s.helm.v3.Release(
+        resource_name, name=release_name, chart=chart, version=version, namespace=NAMESPACE, values=values,
+        atomic=True, cleanup_on_fail=True, timeout=RELEASE_TIMEOUT_SECONDS, opts=opts, **chart_args)
+
+
 class ClusterAddons(pulumi.ComponentResource):
     """The cluster's add-ons, installed through `k8s_provider` once everything in `depends_on` exists.
 
@@ -75,33 +83,16 @@ class ClusterAddons(pulumi.ComponentResource):
 
         if settings.cilium.enabled:
             self.cilium_values = cilium_values(settings)
-            self.cilium = k8s.helm.v3.Release(
-                "cilium",
-                name=CILIUM_RELEASE,
-                chart=CILIUM_CHART,
-                version=settings.cilium.version,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository),
-                namespace=NAMESPACE,
-                values=self.cilium_values,
-                atomic=True,
-                cleanup_on_fail=True,
-                timeout=RELEASE_TIMEOUT_SECONDS,
-                opts=after_cluster)
+            self.cilium = _release(
+                "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values, after_cluster,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository))
             self.hubble_ui_address = self._hubble_ui(settings, k8s_provider)
 
         if settings.ccm.enabled:
             self.ccm_values = ccm_values(settings)
-            self.ccm = k8s.helm.v3.Release(
-                "talos-ccm",
-                name=CCM_RELEASE,
-                chart=settings.ccm.chart,  # an oci:// reference: no repository to add
-                version=settings.ccm.version,
-                namespace=NAMESPACE,
-                values=self.ccm_values,
-                atomic=True,
-                cleanup_on_fail=True,
-                timeout=RELEASE_TIMEOUT_SECONDS,
-                opts=after_cluster)
+            # The chart is an oci:// reference: no repository to add.
+            self.ccm = _release("talos-ccm", CCM_RELEASE, settings.ccm.chart, settings.ccm.version, self.ccm_values,
+                                after_cluster)
 
         releases = [r for r in (self.cilium, self.ccm) if r is not None]
         if settings.health.wait:
