@@ -74,6 +74,15 @@ def test_mtls_reapply_after_the_node_rebooted_configured(maintenance_node):
     assert (last.mode, last.roles, last.metadata["node"]) == ("configured", ("os:admin",), ["127.0.0.1"])
 
 
+def test_dry_run_returns_the_nodes_diff_and_changes_nothing(configured_node):
+    configured_node.config = b"a: 1\n"
+    with TalosClient([configured_node.endpoint], credentials=_admin()) as talos:
+        reply = talos.apply_configuration(b"a: 2\n", dry_run=True)
+    assert reply.messages[0].mode_details.startswith("Dry run summary:")
+    assert "-a: 1" in reply.messages[0].mode_details and "+a: 2" in reply.messages[0].mode_details
+    assert configured_node.config == b"a: 1\n"
+
+
 def test_insecure_to_a_configured_node_says_it_is_configured(configured_node):
     with TalosClient([configured_node.endpoint]) as talos:
         with pytest.raises(errors.TalosTlsError) as caught:

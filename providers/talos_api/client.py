@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Sequence
 
 import grpc
 import yaml
-from google.protobuf import duration_pb2, empty_pb2
+from google.protobuf import empty_pb2
 
 from providers import pki
 
@@ -300,8 +300,7 @@ class TalosClient:
             dry_run=dry_run,
         )
         if try_timeout is not None:
-            request.try_mode_timeout.CopyFrom(duration_pb2.Duration(seconds=int(try_timeout),
-                                                                    nanos=int((try_timeout % 1) * 1e9)))
+            request.try_mode_timeout.FromNanoseconds(round(try_timeout * 1e9))
         return self._call("ApplyConfiguration", request, timeout=timeout, node=node, nodes=nodes)
 
     def bootstrap(self, *, recover_etcd: bool = False, recover_skip_hash_check: bool = False,
