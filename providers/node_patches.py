@@ -52,12 +52,20 @@ def cluster_features_patch(settings: Settings) -> dict:
     return {"machine": machine, "cluster": cluster} if machine else {"cluster": cluster}
 
 
-def ccm_patch(role: str) -> dict:
+# With the CCM allocating pod CIDRs, kube-controller-manager must stop doing it too (CCM docs).
+KCM_CONTROLLERS_WITHOUT_NODE_IPAM = "*,tokencleaner,-node-ipam-controller"
+
+
+def ccm_patch(role: str, node_ipam: bool) -> dict:
     machine: dict[str, Any] = {"kubelet": {"extraArgs": dict(CCM_KUBELET_ARGS)}}
-    if role == "controlplane":
-        machine["features"] = {"kubernetesTalosAPIAccess": {
-            k: (list(v) if isinstance(v, list) else v) for k, v in CCM_TALOS_API_ACCESS.items()}}
-    return {"machine": machine}
+    if role != "controlplane":
+        return {"machine": machine}
+    machine["features"] = {"kubernetesTalosAPIAccess": {
+        k: (list(v) if isinstance(v, list) else v) for k, v in CCM_TALOS_API_ACCESS.items()}}
+    patch: dict[str, Any] = {"machine": machine}
+    if node_ipam:
+        patch["cluster"] = {"controllerManager": {"extraArgs": {"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}}}
+    return patch
 
 
 def node_network_patch(node: NodeSettings, vip: str | None) -> dict:
@@ -100,7 +108,7 @@ def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -
         cluster_features_patch(settings),
     ]
     if settings.ccm.enabled:
-        patches.append(ccm_patch(node.role))
+        patches.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
     patches.append(node_network_patch(node, settings.cluster.vip))
     storage = node_storage_patch(node)
     if storage is not None:

@@ -25,6 +25,9 @@ _MTU_RANGE = (68, 65535)
 
 DEFAULT_TALOS_VERSION = "v1.13.7"
 DEFAULT_CILIUM_VERSION = "1.19.6"
+# What `talosctl gen config` of each Talos release line picks when no Kubernetes version is given
+# (pkg/machinery/constants DefaultKubernetesVersion at v1.12.0 and v1.13.7).
+DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2"}
 # siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
 DEFAULT_CCM_CHART_VERSION = "0.5.4"
 DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
@@ -63,7 +66,7 @@ class ClusterSettings:
     endpoint: str
     vip: Optional[str]
     talos_version: str
-    kubernetes_version: Optional[str]
+    kubernetes_version: str
     pod_subnets: tuple[str, ...]
     service_subnets: tuple[str, ...]
     domain: str
@@ -700,6 +703,18 @@ def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings]) -> N
             cluster["endpoint"] = f"https://{host}:6443"
 
 
+def _default_kubernetes_version(r: _Reader, cluster: dict) -> None:
+    talos = cluster["talos_version"]
+    if cluster["kubernetes_version"] is not None or talos is None:
+        return
+    line = ".".join(talos.split(".")[:2])
+    if line in DEFAULT_KUBERNETES_VERSIONS:
+        cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[line]
+    else:
+        r.fail("cluster.kubernetesVersion", None,
+               f"is required for Talos {talos} (expected e.g. {DEFAULT_KUBERNETES_VERSIONS['v1.13']})")
+
+
 def load_settings(raw: Mapping[str, Any]) -> Settings:
     """Validate a stack's raw config (top-level keys without the project prefix) into `Settings`."""
     r = _Reader()
@@ -707,6 +722,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
         if raw[unknown] is not None:
             r.fail(unknown, "...", f"is not a known key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
     cluster = _read_cluster(r, raw.get("cluster"))
+    _default_kubernetes_version(r, cluster)
     network = _read_network(r, raw.get("network"))
     proxmox = _read_proxmox(r, raw.get("proxmox"))
     image = _read_image(r, raw.get("image"))

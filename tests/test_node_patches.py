@@ -136,3 +136,11 @@ def test_user_patches_come_last_cluster_then_role_then_node():
     assert worker[-3:] == [raw["cluster"]["patches"][0], raw["cluster"]["rolePatches"]["worker"][0],
                            raw["nodes"][1]["patches"][0]]
     assert node_patches(s, s.nodes[0], INSTALLER)[-1] == raw["cluster"]["patches"][0]
+
+
+def test_ccm_node_ipam_turns_off_the_controller_managers_own_allocator_on_control_planes():
+    patches = by_node(settings(ccm={"nodeIpam": {"cidrAllocatorType": "CloudAllocator"}}))
+    assert patches["master-2"][3]["cluster"] == {
+        "controllerManager": {"extraArgs": {"controllers": "*,tokencleaner,-node-ipam-controller"}}}
+    assert "cluster" not in patches["worker-2"][3]
+    assert "cluster" not in by_node(settings())["master-2"][3]

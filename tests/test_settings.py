@@ -42,6 +42,21 @@ def test_test_cluster_stack_matches_the_seed_walkthrough():
     assert s.warnings == ()
 
 
+def test_kubernetes_version_defaults_to_what_talosctl_of_that_line_picks():
+    assert load_settings(stack("test-cluster")).cluster.kubernetes_version == "1.36.2"
+    raw = stack("dev")
+    raw["cluster"]["talosVersion"] = "v1.12.4"
+    assert load_settings(raw).cluster.kubernetes_version == "1.35.0"
+    raw["cluster"]["kubernetesVersion"] = "1.34.1"
+    assert load_settings(raw).cluster.kubernetes_version == "1.34.1"
+    raw["cluster"] = {k: v for k, v in raw["cluster"].items() if k != "kubernetesVersion"}
+    raw["cluster"]["talosVersion"] = "v1.14.0"
+    with pytest.raises(SettingsError) as err:
+        load_settings(raw)
+    assert err.value.problems == [
+        "talos-proxmox:cluster.kubernetesVersion: None is required for Talos v1.14.0 (expected e.g. 1.36.2)"]
+
+
 def test_dev_stack_derives_endpoint_from_vip():
     s = load_settings(stack("dev"))
     assert s.cluster.endpoint == "https://10.10.0.50:6443"
