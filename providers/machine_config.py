@@ -21,6 +21,12 @@ Patches are applied in order, as `talosctl --config-patch` does:
     document. (talosctl refuses JSON patches on multi-document configs; addressing v1alpha1 is
     what such a patch means.)
 
+The patched documents are re-encoded the way Talos re-encodes them (struct key order, Go's
+omitempty, inline manifests' leading newlines trimmed), so the output is what `talosctl gen config
+--config-patch ...` writes; the upstream configpatcher fixtures reproduce byte for byte.
+ExtensionServiceConfig.configFiles merge by mountPath and NetworkRuleConfig ports/ingress are
+replaced, as in Talos; other documents merge with the default rules.
+
 The result is validated: unknown keys anywhere in v1alpha1, role mismatches, controlplane-only
 sections on a worker, a missing install disk, malformed interfaces. Errors name the patch, the key
 and what was expected, and never include values from the secrets bundle.
@@ -41,7 +47,15 @@ import yaml
 
 from providers import talos_yaml
 from providers.talos_secrets import SecretsBundleError
-from providers.v1alpha1_schema import ARGS_FIELDS, KEYED_LISTS, ROOT, STRUCTS
+from providers.v1alpha1_schema import (
+    ARGS_FIELDS,
+    DOCUMENT_MERGE_STRUCTS,
+    INLINE_MANIFEST_TRIM,
+    KEYED_LISTS,
+    MERGE_STRUCTS,
+    ROOT,
+    STRUCTS,
+)
 
 ROLES = ("controlplane", "worker")
 SUPPORTED_CONTRACTS = ((1, 12), (1, 13))
@@ -323,7 +337,7 @@ def _apply_strategic(documents: list[dict], patch_docs: list[dict], label: str) 
         target = copy.deepcopy(result[target_index])
         for path, selector in deletes:
             _delete(target, path, selector, label)
-        struct = ROOT if not doc_id[0] else None
+        struct = ROOT if not doc_id[0] else DOCUMENT_MERGE_STRUCTS.get(doc_id[1])
         _merge(target, patch_doc, struct, (), label)
         result = result[:target_index] + [target] + result[target_index + 1:]
     return result
@@ -395,7 +409,7 @@ def _selector_equal(left: Any, right: Any) -> bool:
 
 def _merge(left: dict, right: dict, struct: str | None, path: tuple, label: str) -> None:
     """Merge `right` into `left` in place with Talos' rules for the given v1alpha1 struct (None: free-form)."""
-    fields = STRUCTS.get(struct, {}) if struct else {}
+    fields = MERGE_STRUCTS.get(struct, {}) if struct else {}
     for key, rvalue in right.items():
         field = fields.get(key)
         here = path + (key,)
@@ -464,7 +478,9 @@ def _dotted(path: Iterable) -> str:
 
 
 def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -> Any:
-    """Key order as Talos encodes it (struct order; free-form maps sorted); unknown keys reported."""
+    """The value as Talos re-encodes it: struct key order, free-form maps sorted, Go's omitempty
+    (empty values of omitempty fields dropped, empty non-omitempty fields written out);
+    unknown keys and wrong shapes reported in `errors`."""
     if struct is None:
         if isinstance(value, dict):
             return {k: _normalize(value[k], None, path + (k,), errors) for k in sorted(value, key=str)}
@@ -483,25 +499,61 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
             errors.append(f"unknown key {key!r} at {where}{suggestion}")
     ordered: dict[str, Any] = {}
     for name, field in fields.items():
+        here = path + (name,)
         if name not in value:
+            if field.always:
+                zero = _zero(field, here, errors)
+                if zero is not _OMIT:
+                    ordered[name] = zero
             continue
         child = value[name]
-        here = path + (name,)
         if field.container == "[]":
             if not isinstance(child, list):
                 errors.append(f"{_dotted(here)}: expected a list, got a {_kind(child)}")
-                ordered[name] = child
             else:
-                ordered[name] = [_normalize(v, field.struct, here + (i,), errors) for i, v in enumerate(child)]
+                child = [_normalize(v, field.struct, here + (i,), errors) for i, v in enumerate(child)]
         elif field.container == "{}":
             if not isinstance(child, dict):
                 errors.append(f"{_dotted(here)}: expected a mapping, got a {_kind(child)}")
-                ordered[name] = child
             else:
-                ordered[name] = {k: _normalize(child[k], field.struct, here + (k,), errors) for k in sorted(child, key=str)}
+                child = {k: _normalize(child[k], field.struct, here + (k,), errors) for k in sorted(child, key=str)}
         else:
-            ordered[name] = _normalize(child, field.struct, here, errors)
+            child = _normalize(child, field.struct, here, errors)
+        if field.always or not _omitted_when_empty(field, child):
+            ordered[name] = child
+    if struct == "ClusterInlineManifest" and isinstance(ordered.get("contents"), str):
+        ordered["contents"] = ordered["contents"].lstrip(INLINE_MANIFEST_TRIM)
     return ordered
+
+
+_OMIT = object()
+
+
+def _zero(field, path: tuple, errors: list[str]) -> Any:
+    """How Go encodes an unset field that has no omitempty."""
+    if field.container == "[]":
+        return []
+    if field.container == "{}":
+        return {}
+    if field.pointer:
+        return None
+    if field.struct:
+        return _normalize({}, field.struct, path, errors)
+    return {"s": "", "b": False, "i": 0}.get(field.scalar, _OMIT)
+
+
+def _omitted_when_empty(field, value: Any) -> bool:
+    """Go's omitempty: nil, empty lists/maps, and for non-pointers "", false, 0 or an all-empty struct."""
+    if value is None:
+        return True
+    if field.container:
+        return value in ([], {})
+    if field.pointer:
+        return False
+    if field.struct:
+        return value == {}
+    return (field.scalar == "s" and value == "") or (field.scalar == "b" and value is False) \
+        or (field.scalar == "i" and value == 0 and value is not False)
 
 
 def _normalize_other(document: dict) -> dict:

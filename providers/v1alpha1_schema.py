@@ -2,9 +2,11 @@
 
 Facts taken from siderolabs/talos pkg/machinery/config/types/v1alpha1 at v1.13.7: every struct's
 YAML keys in declaration order (Talos re-encodes a patched config in this order), which keys are
-lists (`[]`), free-form maps (`{}`) or nested structs (`=Struct`), and which lists a strategic
-merge replaces instead of appending (`!replace`). Keys without a struct are scalars or free-form
-values (Unstructured, Args values, URLs).
+lists (`[]`), free-form maps (`{}`) or nested structs (`=Struct`), and flags: `!r` a strategic
+merge replaces the value instead of merging/appending; `!a` always encoded (no omitempty); `!p`
+a pointer (an empty value is still encoded); `!s`/`!b`/`!i` a string/bool/integer scalar (so
+Go's omitempty drops "", false, 0). Keys without a struct or kind are free-form values
+(Unstructured, Args values, URLs, durations).
 
 Used to refuse unknown keys (Talos decodes strictly), to order keys like Talos does, and to apply
 the merge rules; no Pulumi, no I/O.
@@ -16,157 +18,181 @@ import re
 from dataclasses import dataclass
 
 _LAYOUT = {
-    "MachineControllerManagerConfig": "disabled",
-    "MachineSchedulerConfig": "disabled",
+    "MachineControllerManagerConfig": "disabled!p!b",
+    "MachineSchedulerConfig": "disabled!p!b",
     "MachineControlPlaneConfig": (
-        "controllerManager=MachineControllerManagerConfig "
-        "scheduler=MachineSchedulerConfig"
+        "controllerManager=MachineControllerManagerConfig!p "
+        "scheduler=MachineSchedulerConfig!p"
     ),
-    "LinuxIDMapping": "containerID hostID size",
+    "LinuxIDMapping": "containerID!a!i hostID!a!i size!a!i",
     "ExtraMount": (
-        "destination type source options[] uidMappings[]=LinuxIDMapping "
+        "destination!a!s type!s source!s options[] uidMappings[]=LinuxIDMapping "
         "gidMappings[]=LinuxIDMapping"
     ),
     "KubeletNodeIPConfig": "validSubnets[]",
     "KubeletConfig": (
-        "image clusterDNS[] extraArgs{} extraMounts[]=ExtraMount extraConfig "
-        "credentialProviderConfig defaultRuntimeSeccompProfileEnabled registerWithFQDN "
-        "nodeIP=KubeletNodeIPConfig skipNodeRegistration disableManifestsDirectory"
+        "image!s clusterDNS[] extraArgs{} extraMounts[]=ExtraMount extraConfig "
+        "credentialProviderConfig defaultRuntimeSeccompProfileEnabled!p!b "
+        "registerWithFQDN!p!b nodeIP=KubeletNodeIPConfig!p skipNodeRegistration!p!b "
+        "disableManifestsDirectory!p!b"
     ),
-    "NetworkDeviceSelector": "busPath hardwareAddr permanentAddr pciID driver physical",
-    "Route": "network gateway source metric mtu",
+    "NetworkDeviceSelector": "busPath!s hardwareAddr!s permanentAddr!s pciID!s driver!s physical!p!b",
+    "Route": "network!a!s gateway!a!s source!s metric!i mtu!i",
     "Bond": (
-        "interfaces[] deviceSelectors[]=NetworkDeviceSelector arpIPTarget[] mode xmitHashPolicy "
-        "lacpRate adActorSystem arpValidate arpAllTargets primary primaryReselect failOverMac "
-        "adSelect miimon updelay downdelay arpInterval resendIgmp minLinks lpInterval "
-        "packetsPerSlave numPeerNotif tlbDynamicLb allSlavesActive useCarrier adActorSysPrio "
-        "adUserPortKey peerNotifyDelay"
+        "interfaces[]!a deviceSelectors[]=NetworkDeviceSelector arpIPTarget[] mode!a!s "
+        "xmitHashPolicy!s lacpRate!s adActorSystem!s arpValidate!s arpAllTargets!s primary!s "
+        "primaryReselect!s failOverMac!s adSelect!s miimon!i updelay!i downdelay!i arpInterval!i "
+        "resendIgmp!i minLinks!i lpInterval!i packetsPerSlave!i numPeerNotif!i tlbDynamicLb!i "
+        "allSlavesActive!i useCarrier!p!b adActorSysPrio!i adUserPortKey!i peerNotifyDelay!i"
     ),
-    "STP": "enabled",
-    "BridgeVLAN": "vlanFiltering",
-    "Bridge": "interfaces[] stp=STP vlan=BridgeVLAN",
-    "BridgePort": "master",
-    "VIPEquinixMetalConfig": "apiToken",
-    "VIPHCloudConfig": "apiToken",
-    "DeviceVIPConfig": "ip equinixMetal=VIPEquinixMetalConfig hcloud=VIPHCloudConfig",
-    "DHCPOptions": "routeMetric ipv4 ipv6 duidv6",
-    "Vlan": "addresses[] cidr routes[]=Route dhcp vlanId mtu vip=DeviceVIPConfig dhcpOptions=DHCPOptions",
-    "DeviceWireguardPeer": "publicKey endpoint persistentKeepaliveInterval allowedIPs[]",
-    "DeviceWireguardConfig": "privateKey listenPort firewallMark peers[]=DeviceWireguardPeer",
+    "STP": "enabled!p!b",
+    "BridgeVLAN": "vlanFiltering!p!b",
+    "Bridge": "interfaces[]!a stp=STP!p vlan=BridgeVLAN!p",
+    "BridgePort": "master!s",
+    "VIPEquinixMetalConfig": "apiToken!a!s",
+    "VIPHCloudConfig": "apiToken!a!s",
+    "DeviceVIPConfig": "ip!s equinixMetal=VIPEquinixMetalConfig!p hcloud=VIPHCloudConfig!p",
+    "DHCPOptions": "routeMetric!a!i ipv4!p!b ipv6!p!b duidv6!s",
+    "Vlan": (
+        "addresses[] cidr!s routes[]=Route!a dhcp!p!b vlanId!a!i mtu!i vip=DeviceVIPConfig!p "
+        "dhcpOptions=DHCPOptions!p"
+    ),
+    "DeviceWireguardPeer": "publicKey!s endpoint!s persistentKeepaliveInterval allowedIPs[]",
+    "DeviceWireguardConfig": "privateKey!s listenPort!i firewallMark!i peers[]=DeviceWireguardPeer",
     "Device": (
-        "interface deviceSelector=NetworkDeviceSelector addresses[] cidr routes[]=Route "
-        "bond=Bond bridge=Bridge bridgePort=BridgePort vlans[]=Vlan mtu dhcp ignore dummy "
-        "dhcpOptions=DHCPOptions wireguard=DeviceWireguardConfig vip=DeviceVIPConfig"
+        "interface!s deviceSelector=NetworkDeviceSelector!p addresses[] cidr!s routes[]=Route "
+        "bond=Bond!p bridge=Bridge!p bridgePort=BridgePort!p vlans[]=Vlan mtu!i dhcp!p!b "
+        "ignore!p!b dummy!p!b dhcpOptions=DHCPOptions!p wireguard=DeviceWireguardConfig!p "
+        "vip=DeviceVIPConfig!p"
     ),
-    "ExtraHost": "ip aliases[]",
+    "ExtraHost": "ip!a!s aliases[]!a",
     "KubeSpanFilters": "endpoints[] excludeAdvertisedNetworks[]",
     "NetworkKubeSpan": (
-        "enabled advertiseKubernetesNetworks allowDownPeerBypass harvestExtraEndpoints "
-        "mtu filters=KubeSpanFilters"
+        "enabled!p!b advertiseKubernetesNetworks!p!b allowDownPeerBypass!p!b "
+        "harvestExtraEndpoints!p!b mtu!p!i filters=KubeSpanFilters!p"
     ),
     "NetworkConfig": (
-        "hostname interfaces[]=Device nameservers[] searchDomains[] "
-        "extraHostEntries[]=ExtraHost kubespan=NetworkKubeSpan disableSearchDomain"
+        "hostname!s interfaces[]=Device nameservers[] searchDomains[] "
+        "extraHostEntries[]=ExtraHost kubespan=NetworkKubeSpan!p disableSearchDomain!p!b"
     ),
-    "DiskPartition": "size mountpoint",
-    "MachineDisk": "device partitions[]=DiskPartition",
-    "InstallDiskSelector": "size name model serial modalias uuid wwid type busPath",
-    "InstallExtensionConfig": "image",
+    "DiskPartition": "size!i mountpoint!s",
+    "MachineDisk": "device!s partitions[]=DiskPartition",
+    "InstallDiskSelector": "size!p name!s model!s serial!s modalias!s uuid!s wwid!s type!s busPath!s",
+    "InstallExtensionConfig": "image!a!s",
     "InstallConfig": (
-        "disk diskSelector=InstallDiskSelector extraKernelArgs[] image "
-        "extensions[]=InstallExtensionConfig bootloader wipe legacyBIOSSupport "
-        "grubUseUKICmdline"
+        "disk!s diskSelector=InstallDiskSelector!p extraKernelArgs[] image!s "
+        "extensions[]=InstallExtensionConfig bootloader!p!b wipe!a!p!b "
+        "legacyBIOSSupport!p!b grubUseUKICmdline!p!b"
     ),
-    "MachineFile": "content permissions path op",
-    "TimeConfig": "disabled servers[] bootTimeout",
-    "RegistryMirrorConfig": "endpoints[] overridePath skipFallback",
-    "RegistryTLSConfig": "clientIdentity ca insecureSkipVerify",
-    "RegistryAuthConfig": "username password auth identityToken",
-    "RegistryConfig": "tls=RegistryTLSConfig auth=RegistryAuthConfig",
+    "MachineFile": "content!a!s permissions!a!i path!a!s op!a!s",
+    "TimeConfig": "disabled!p!b servers[] bootTimeout",
+    "RegistryMirrorConfig": "endpoints[]!a overridePath!p!b skipFallback!p!b",
+    "RegistryTLSConfig": "clientIdentity!p ca insecureSkipVerify!p!b",
+    "RegistryAuthConfig": "username!s password!s auth!s identityToken!s",
+    "RegistryConfig": "tls=RegistryTLSConfig!p auth=RegistryAuthConfig!p",
     "RegistriesConfig": "mirrors{}=RegistryMirrorConfig config{}=RegistryConfig",
-    "EncryptionKeyStatic": "passphrase",
-    "EncryptionKeyKMS": "endpoint",
-    "EncryptionKeyTPM": "checkSecurebootStatusOnEnroll",
-    "EncryptionKey": "static=EncryptionKeyStatic nodeID kms=EncryptionKeyKMS slot tpm=EncryptionKeyTPM",
-    "EncryptionConfig": "provider keys[]=EncryptionKey cipher keySize blockSize options[]",
-    "SystemDiskEncryptionConfig": "state=EncryptionConfig ephemeral=EncryptionConfig",
-    "KubernetesTalosAPIAccessConfig": "enabled allowedRoles[] allowedKubernetesNamespaces[]",
-    "KubePrism": "enabled port",
-    "HostDNSConfig": "enabled forwardKubeDNSToHost resolveMemberNames",
-    "ImageCacheConfig": "localEnabled",
+    "EncryptionKeyStatic": "passphrase!s",
+    "EncryptionKeyKMS": "endpoint!a!s",
+    "EncryptionKeyTPM": "checkSecurebootStatusOnEnroll!p!b",
+    "EncryptionKey": (
+        "static=EncryptionKeyStatic!p nodeID!p kms=EncryptionKeyKMS!p slot!a!i "
+        "tpm=EncryptionKeyTPM!p"
+    ),
+    "EncryptionConfig": "provider!a!s keys[]=EncryptionKey!a cipher!s keySize!i blockSize!i options[]",
+    "SystemDiskEncryptionConfig": "state=EncryptionConfig!p ephemeral=EncryptionConfig!p",
+    "KubernetesTalosAPIAccessConfig": "enabled!p!b allowedRoles[] allowedKubernetesNamespaces[]",
+    "KubePrism": "enabled!p!b port!i",
+    "HostDNSConfig": "enabled!p!b forwardKubeDNSToHost!p!b resolveMemberNames!p!b",
+    "ImageCacheConfig": "localEnabled!p!b",
     "FeaturesConfig": (
-        "rbac stableHostname kubernetesTalosAPIAccess=KubernetesTalosAPIAccessConfig "
-        "apidCheckExtKeyUsage diskQuotaSupport kubePrism=KubePrism "
-        "hostDNS=HostDNSConfig imageCache=ImageCacheConfig nodeAddressSortAlgorithm"
+        "rbac!p!b stableHostname!p!b "
+        "kubernetesTalosAPIAccess=KubernetesTalosAPIAccessConfig!p "
+        "apidCheckExtKeyUsage!p!b diskQuotaSupport!p!b kubePrism=KubePrism!p "
+        "hostDNS=HostDNSConfig!p imageCache=ImageCacheConfig!p "
+        "nodeAddressSortAlgorithm!s"
     ),
     "UdevConfig": "rules[]",
-    "LoggingDestination": "endpoint format extraTags{}",
-    "LoggingConfig": "destinations[]=LoggingDestination",
-    "KernelModuleConfig": "name parameters[]",
+    "LoggingDestination": "endpoint!a!p format!a!s extraTags{}",
+    "LoggingConfig": "destinations[]=LoggingDestination!a",
+    "KernelModuleConfig": "name!a!s parameters[]",
     "KernelConfig": "modules[]=KernelModuleConfig",
-    "MachineSeccompProfile": "name value",
+    "MachineSeccompProfile": "name!a!s value!a",
     "MachineConfig": (
-        "type token ca=PEMCertificateAndKey acceptedCAs[]=PEMCertificate certSANs[] "
-        "controlPlane=MachineControlPlaneConfig kubelet=KubeletConfig pods[] "
-        "network=NetworkConfig disks[]=MachineDisk install=InstallConfig "
-        "files[]=MachineFile env time=TimeConfig sysctls{} sysfs{} "
-        "registries=RegistriesConfig systemDiskEncryption=SystemDiskEncryptionConfig "
-        "features=FeaturesConfig udev=UdevConfig logging=LoggingConfig "
-        "kernel=KernelConfig seccompProfiles[]=MachineSeccompProfile "
+        "type!a!s token!a!s ca=PEMCertificateAndKey!p acceptedCAs[]=PEMCertificate "
+        "certSANs[]!a controlPlane=MachineControlPlaneConfig!p kubelet=KubeletConfig!p "
+        "pods[] network=NetworkConfig!p disks[]=MachineDisk install=InstallConfig!p "
+        "files[]=MachineFile env time=TimeConfig!p sysctls{} sysfs{} "
+        "registries=RegistriesConfig systemDiskEncryption=SystemDiskEncryptionConfig!p "
+        "features=FeaturesConfig!p udev=UdevConfig!p logging=LoggingConfig!p "
+        "kernel=KernelConfig!p seccompProfiles[]=MachineSeccompProfile "
         "baseRuntimeSpecOverrides nodeLabels{} nodeAnnotations{} nodeTaints{}"
     ),
-    "ControlPlaneConfig": "endpoint localAPIServerPort",
-    "FlannelCNIConfig": "extraArgs[] kubeNetworkPoliciesEnabled",
-    "CNIConfig": "name urls[] flannel=FlannelCNIConfig",
-    "ClusterNetworkConfig": "cni=CNIConfig dnsDomain podSubnets[]!replace serviceSubnets[]!replace",
-    "VolumeMountConfig": "hostPath mountPath readonly",
-    "AdmissionPluginConfig": "name configuration",
+    "ControlPlaneConfig": "endpoint!a!p localAPIServerPort!i",
+    "FlannelCNIConfig": "extraArgs[] kubeNetworkPoliciesEnabled!p!b",
+    "CNIConfig": "name!s urls[] flannel=FlannelCNIConfig!p",
+    "ClusterNetworkConfig": "cni=CNIConfig!p dnsDomain!a!s podSubnets[]!r!a serviceSubnets[]!r!a",
+    "VolumeMountConfig": "hostPath!a!s mountPath!a!s readonly!b",
+    "AdmissionPluginConfig": "name!a!s configuration!a",
     "ResourcesConfig": "requests limits",
-    "AuthorizationConfigAuthorizerConfig": "type name webhook",
+    "AuthorizationConfigAuthorizerConfig": "type!a!s name!a!s webhook",
     "APIServerConfig": (
-        "image extraArgs{} extraVolumes[]=VolumeMountConfig env certSANs[] "
-        "disablePodSecurityPolicy admissionControl[]=AdmissionPluginConfig "
-        "auditPolicy!replace resources=ResourcesConfig "
+        "image!s extraArgs{} extraVolumes[]=VolumeMountConfig env certSANs[] "
+        "disablePodSecurityPolicy!p!b admissionControl[]=AdmissionPluginConfig "
+        "auditPolicy!r resources=ResourcesConfig!p "
         "authorizationConfig[]=AuthorizationConfigAuthorizerConfig"
     ),
     "ControllerManagerConfig": (
-        "image extraArgs{} extraVolumes[]=VolumeMountConfig env "
-        "resources=ResourcesConfig"
+        "image!s extraArgs{} extraVolumes[]=VolumeMountConfig env "
+        "resources=ResourcesConfig!p"
     ),
-    "ProxyConfig": "disabled image mode extraArgs{}",
+    "ProxyConfig": "disabled!p!b image!s mode!s extraArgs{}",
     "SchedulerConfig": (
-        "image extraArgs{} extraVolumes[]=VolumeMountConfig env "
-        "resources=ResourcesConfig config"
+        "image!s extraArgs{} extraVolumes[]=VolumeMountConfig env "
+        "resources=ResourcesConfig!p config"
     ),
-    "RegistryKubernetesConfig": "disabled",
-    "RegistryServiceConfig": "disabled endpoint",
-    "DiscoveryRegistriesConfig": "kubernetes=RegistryKubernetesConfig service=RegistryServiceConfig",
-    "ClusterDiscoveryConfig": "enabled registries=DiscoveryRegistriesConfig",
-    "EtcdConfig": "image ca=PEMCertificateAndKey extraArgs{} subnet advertisedSubnets[] listenSubnets[]",
-    "CoreDNS": "disabled image",
-    "ExternalCloudProviderConfig": "enabled manifests[]",
-    "ClusterInlineManifest": "name contents",
+    "RegistryKubernetesConfig": "disabled!p!b",
+    "RegistryServiceConfig": "disabled!p!b endpoint!s",
+    "DiscoveryRegistriesConfig": "kubernetes=RegistryKubernetesConfig!a service=RegistryServiceConfig!a",
+    "ClusterDiscoveryConfig": "enabled!p!b registries=DiscoveryRegistriesConfig!a",
+    "EtcdConfig": (
+        "image!s ca=PEMCertificateAndKey!a!p extraArgs{} subnet!s advertisedSubnets[] "
+        "listenSubnets[]"
+    ),
+    "CoreDNS": "disabled!p!b image!s",
+    "ExternalCloudProviderConfig": "enabled!p!b manifests[]",
+    "ClusterInlineManifest": "name!a!s contents!a!s",
     "AdminKubeconfigConfig": "certLifetime",
     "ClusterConfig": (
-        "id secret controlPlane=ControlPlaneConfig clusterName "
-        "network=ClusterNetworkConfig token aescbcEncryptionSecret "
-        "secretboxEncryptionSecret ca=PEMCertificateAndKey acceptedCAs[]=PEMCertificate "
-        "aggregatorCA=PEMCertificateAndKey serviceAccount=PEMKey "
-        "apiServer=APIServerConfig controllerManager=ControllerManagerConfig "
-        "proxy=ProxyConfig scheduler=SchedulerConfig discovery=ClusterDiscoveryConfig "
-        "etcd=EtcdConfig coreDNS=CoreDNS "
-        "externalCloudProvider=ExternalCloudProviderConfig extraManifests[] "
+        "id!s secret!s controlPlane=ControlPlaneConfig!a!p clusterName!s "
+        "network=ClusterNetworkConfig!p token!s aescbcEncryptionSecret!s "
+        "secretboxEncryptionSecret!s ca=PEMCertificateAndKey!p "
+        "acceptedCAs[]=PEMCertificate aggregatorCA=PEMCertificateAndKey!p "
+        "serviceAccount=PEMKey!p apiServer=APIServerConfig!p "
+        "controllerManager=ControllerManagerConfig!p proxy=ProxyConfig!p "
+        "scheduler=SchedulerConfig!p discovery=ClusterDiscoveryConfig!p "
+        "etcd=EtcdConfig!p coreDNS=CoreDNS!p "
+        "externalCloudProvider=ExternalCloudProviderConfig!p extraManifests[] "
         "extraManifestHeaders{} inlineManifests[]=ClusterInlineManifest "
-        "adminKubeconfig=AdminKubeconfigConfig allowSchedulingOnMasters "
-        "allowSchedulingOnControlPlanes"
+        "adminKubeconfig=AdminKubeconfigConfig!p allowSchedulingOnMasters!p!b "
+        "allowSchedulingOnControlPlanes!p!b"
     ),
-    "Config": "version debug persist machine=MachineConfig cluster=ClusterConfig",
-    "PEMCertificateAndKey": "crt key",
-    "PEMCertificate": "crt",
-    "PEMKey": "key",
+    "Config": "version!a!s debug!p!b persist!p!b machine=MachineConfig!a!p cluster=ClusterConfig!a!p",
+    "PEMCertificateAndKey": "crt!a!s key!a!s",
+    "PEMCertificate": "crt!a!s",
+    "PEMKey": "key!a!s",
 }
 
 ROOT = "Config"
+
+# Other documents' merge rules (siderolabs/talos v1.13.7 pkg/machinery/config/types): only the fields
+# whose strategic merge is not the default. Partial on purpose: used for merging, never to validate.
+_OTHER_DOCUMENTS_LAYOUT = {
+    "ExtensionServiceConfig": "configFiles[]",
+    "NetworkRuleConfig": "portSelector=RulePortSelector ingress[]!r",
+    "RulePortSelector": "ports[]!r",
+}
+# document kind -> struct holding its merge rules
+DOCUMENT_MERGE_STRUCTS = {"ExtensionServiceConfig": "ExtensionServiceConfig", "NetworkRuleConfig": "NetworkRuleConfig"}
 
 
 @dataclass(frozen=True)
@@ -175,9 +201,12 @@ class Field:
     container: str  # "" (scalar or free-form), "[]" (list) or "{}" (map with string keys)
     struct: str | None  # struct of the value (or of the list items / map values)
     replace: bool  # strategic merge replaces the value instead of merging/appending
+    always: bool = False  # encoded even when empty (no omitempty)
+    pointer: bool = False  # nil-able: an empty value is still a value
+    scalar: str = ""  # "s", "b", "i" for string/bool/integer scalars, "" otherwise
 
 
-_TOKEN = re.compile(r"^(\w+)(\[\]|\{\})?(?:=(\w+))?(!replace)?$")
+_TOKEN = re.compile(r"^(\w+)(\[\]|\{\})?(?:=(\w+))?((?:![rapsbi])*)$")
 
 
 def _parse(layout: dict[str, str]) -> dict[str, dict[str, Field]]:
@@ -185,13 +214,16 @@ def _parse(layout: dict[str, str]) -> dict[str, dict[str, Field]]:
     for struct, spec in layout.items():
         fields: dict[str, Field] = {}
         for token in spec.split():
-            name, container, ref, replace = _TOKEN.match(token).groups()
-            fields[name] = Field(name, container or "", ref, bool(replace))
+            name, container, ref, flags = _TOKEN.match(token).groups()
+            flags = set(flags.split("!")) - {""}
+            scalar = next((k for k in ("s", "b", "i") if k in flags), "")
+            fields[name] = Field(name, container or "", ref, "r" in flags, "a" in flags, "p" in flags, scalar)
         structs[struct] = fields
     return structs
 
 
 STRUCTS = _parse(_LAYOUT)
+MERGE_STRUCTS = {**STRUCTS, **_parse(_OTHER_DOCUMENTS_LAYOUT)}
 
 # Lists whose items a strategic merge matches by key and merges in place (Talos' custom Merge
 # methods): struct -> field -> the item keys tried in order; an item matches an existing one when
@@ -200,7 +232,11 @@ KEYED_LISTS = {
     "NetworkConfig": {"interfaces": ("interface", "deviceSelector")},
     "Device": {"vlans": ("vlanId",)},
     "APIServerConfig": {"admissionControl": ("name",)},
+    "ExtensionServiceConfig": {"configFiles": ("mountPath",)},
 }
 
 # Talos' Args maps (extraArgs) merge key by key, and a key's value (string or list) is replaced.
 ARGS_FIELDS = frozenset({"extraArgs"})
+
+# Talos trims leading whitespace other than spaces from inline manifest contents when it reads them.
+INLINE_MANIFEST_TRIM = "\t\n\v\f\r"

@@ -264,8 +264,9 @@ def test_admission_plugins_merge_by_name_and_vlans_by_id(bundle):
     plugins = cfg["cluster"]["apiServer"]["admissionControl"]
     assert len(plugins) == 1 and plugins[0]["configuration"]["defaults"]["enforce"] == "restricted"
     assert plugins[0]["configuration"]["defaults"]["audit"] == "restricted"
+    # Vlan.routes and vlanId have no omitempty in Talos: written out even when not given.
     assert cfg["machine"]["network"]["interfaces"][0]["vlans"] == [
-        {"dhcp": True, "vlanId": 10, "mtu": 1400}, {"dhcp": True, "vlanId": 20}]
+        {"routes": [], "dhcp": True, "vlanId": 10, "mtu": 1400}, {"routes": [], "dhcp": True, "vlanId": 20}]
 
 
 def test_patch_delete_removes_keys_list_items_and_documents(bundle):
@@ -397,3 +398,47 @@ def test_incomplete_bundle_is_named_not_echoed(bundle):
         _render(broken, "controlplane")
     for secret in _secret_values(bundle):
         assert secret not in str(err.value)
+
+
+# --- Talos' encoding of the patched result -----------------------------------------------------
+
+
+def test_empty_values_are_encoded_as_talos_does(bundle):
+    cfg = _v1alpha1(_render(bundle, "controlplane", patches=[
+        DISK,
+        # Deleting the only label / admission plugin leaves empty omitempty fields: Talos drops them.
+        "machine:\n  nodeLabels:\n    node.kubernetes.io/exclude-from-external-load-balancers:\n      $patch: delete\n",
+        "cluster:\n  apiServer:\n    admissionControl:\n      - name: PodSecurity\n        $patch: delete\n",
+        # Route.gateway has no omitempty; Route.metric does.
+        {"machine": {"network": {"interfaces": [{"interface": "eth0", "routes": [{"network": "10.0.0.0/8", "metric": 0}]}]}}},
+        {"machine": {"install": {"extraKernelArgs": []}, "kubelet": {"extraArgs": {}}}},
+    ]))
+    assert "nodeLabels" not in cfg["machine"]
+    assert "admissionControl" not in cfg["cluster"]["apiServer"]
+    assert cfg["machine"]["network"]["interfaces"][0]["routes"] == [{"network": "10.0.0.0/8", "gateway": ""}]
+    assert "extraKernelArgs" not in cfg["machine"]["install"] and "extraArgs" not in cfg["machine"]["kubelet"]
+    assert cfg["machine"]["install"]["wipe"] is False  # a pointer: false is still written
+
+
+def test_inline_manifest_leading_newlines_are_trimmed_like_talos(bundle):
+    patch = "cluster:\n  inlineManifests:\n    - name: cilium\n      contents: |\n\n        ---\n        kind: ServiceAccount\n"
+    text = _render(bundle, "controlplane", patches=[DISK, patch])
+    assert _v1alpha1(text)["cluster"]["inlineManifests"] == [{"name": "cilium", "contents": "---\nkind: ServiceAccount\n"}]
+    assert "          contents: |\n            ---\n            kind: ServiceAccount\n" in text
+
+
+def test_other_documents_follow_their_own_merge_rules(bundle):
+    service = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: foo\nconfigFiles:\n" \
+              "  - content: hello\n    mountPath: /etc/foo\n"
+    update = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: foo\nconfigFiles:\n" \
+             "  - content: hello world\n    mountPath: /etc/foo\n  - content: other\n    mountPath: /etc/bar\n"
+    rule = {"apiVersion": "v1alpha1", "kind": "NetworkRuleConfig", "name": "kubelet",
+            "portSelector": {"ports": [10250], "protocol": "tcp"}, "ingress": [{"subnet": "10.0.0.0/8"}]}
+    rule_update = {"apiVersion": "v1alpha1", "kind": "NetworkRuleConfig", "name": "kubelet",
+                   "portSelector": {"ports": [10255]}, "ingress": [{"subnet": "192.168.0.0/16"}]}
+    docs = parse_config(_render(bundle, patches=[DISK, service, update, rule, rule_update]))
+    by_kind = {d.get("kind"): d for d in docs}
+    assert by_kind["ExtensionServiceConfig"]["configFiles"] == [
+        {"content": "hello world", "mountPath": "/etc/foo"}, {"content": "other", "mountPath": "/etc/bar"}]
+    assert by_kind["NetworkRuleConfig"]["portSelector"] == {"ports": [10255], "protocol": "tcp"}
+    assert by_kind["NetworkRuleConfig"]["ingress"] == [{"subnet": "192.168.0.0/16"}]
