@@ -86,10 +86,12 @@ def test_seed_patches_for_master_1_and_a_data_disk_worker():
     assert master[0] == SEED_INSTALL
     assert master[2] == SEED_ROLE_COMMON
     assert master[3] == SEED_NET_MASTER_1
-    assert len(master) == 4
+    assert master[4] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"},
+                         "hostname": "master-1"}
+    assert len(master) == 5
     worker = patches["worker-1"]
-    assert worker[2] == SEED_ROLE_COMMON and worker[4] == SEED_WORKER_DISK_EXTRA
-    assert len(patches["worker-4"]) == 4  # no disk, no modules: nothing beyond the common set
+    assert worker[2] == SEED_ROLE_COMMON and worker[5] == SEED_WORKER_DISK_EXTRA
+    assert len(patches["worker-4"]) == 5  # no disk, no modules: nothing beyond the common set
 
 
 def test_cluster_network_is_replaced_not_appended():
@@ -144,3 +146,11 @@ def test_ccm_node_ipam_turns_off_the_controller_managers_own_allocator_on_contro
         "controllerManager": {"extraArgs": {"controllers": "*,tokencleaner,-node-ipam-controller"}}}
     assert "cluster" not in patches["worker-2"][3]
     assert "cluster" not in by_node(settings())["master-2"][3]
+
+
+def test_hostname_before_v1_12_goes_into_the_v1alpha1_document():
+    raw = stack_file_config(str(STACKS / "Pulumi.dev.yaml"))
+    raw["cluster"]["talosVersion"] = "v1.11.5"
+    raw["cluster"]["kubernetesVersion"] = "1.34.1"
+    s = load_settings(raw)
+    assert {"machine": {"network": {"hostname": "dev-cp-1"}}} in node_patches(s, s.nodes[0], INSTALLER)
