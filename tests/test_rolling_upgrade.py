@@ -1,0 +1,161 @@
+"""Rolling Talos upgrades against in-process stand-in nodes over mTLS: order, waits, a failing node stops the roll."""
+
+import time
+
+import pytest
+
+from providers.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
+from providers.talos_api.client import TalosClient
+from providers.talos_api.generated.machine import machine_pb2
+from providers.talos_api.retry import Backoff
+from tests import seed_cluster as seed
+from tests.talos_api_server import FakeTalosNode, client_credentials
+
+OLD, NEW = "v1.12.6", "v1.13.7"
+IMAGE = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEW}"
+FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+@pytest.fixture(scope="module")
+def credentials(bundle):
+    return client_credentials(bundle)
+
+
+def _member(name, address, member_id):
+    return machine_pb2.EtcdMember(id=member_id, hostname=name, peer_urls=[f"https://{address}:2380"],
+                                  client_urls=[f"https://{address}:2379"])
+
+
+@pytest.fixture
+def cluster(bundle):
+    """Stack order on purpose not roll order: a worker first, then two control planes."""
+    layout = [("worker-1", "10.5.0.11", "worker"), ("cp-1", "10.5.0.1", "controlplane"),
+              ("cp-2", "10.5.0.2", "controlplane")]
+    members = [_member(name, address, 0x100 + i) for i, (name, address, role) in enumerate(layout)
+               if role == "controlplane"]
+    nodes, fakes = [], {}
+    for name, address, role in layout:
+        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.3, version_tag=OLD)
+        fake.etcd_members = list(members) if role == "controlplane" else []
+        if role == "worker":
+            fake.services = [s for s in fake.services if s.id != "etcd"]
+        fakes[name] = fake
+        nodes.append(RollNode(name=name, address=address, role=role, endpoint=fake.endpoint))
+    yield nodes, fakes
+    for fake in fakes.values():
+        fake.stop()
+
+
+def _client(credentials, node):
+    return TalosClient([node.endpoint], credentials=credentials, node=node.address, timeout=5)
+
+
+def _upgrade_step(credentials, events, timeout=15.0):
+    def step(node):
+        with _client(credentials, node) as client:
+            upgrade_node(client, node, IMAGE, talos_version=NEW, timeout=timeout, backoff=FAST,
+                         on_event=lambda what, name: events.append((what, name)))
+    return step
+
+
+def _watch_previous(fakes, order, snapshots):
+    """Each node's Upgrade records, at the moment it arrives, the state of the node before it."""
+    for previous, current in zip(order, order[1:]):
+        fake = fakes[current]
+
+        def upgrade(node, request, context, previous=previous):
+            prev = fakes[previous]
+            snapshots.append((node.hostname, previous, prev.version_tag, prev._listener is not None))
+            return FakeTalosNode._rpc_Upgrade(node, request, context)
+        fake.behaviours["Upgrade"] = upgrade
+
+
+def test_roll_order_is_control_planes_first_in_stack_order():
+    nodes = [RollNode("w1", "10.0.0.4", "worker"), RollNode("cp1", "10.0.0.1", "controlplane"),
+             RollNode("w2", "10.0.0.5", "worker"), RollNode("cp2", "10.0.0.2", "controlplane")]
+    assert [n.name for n in roll_order(nodes)] == ["cp1", "cp2", "w1", "w2"]
+    with pytest.raises(ValueError, match="w3"):
+        roll_order([RollNode("w3", "10.0.0.6", "master")])
+
+
+def test_three_node_roll_goes_one_at_a_time_control_planes_first_each_back_healthy(cluster, credentials):
+    nodes, fakes = cluster
+    events, snapshots = [], []
+    _watch_previous(fakes, ["cp-1", "cp-2", "worker-1"], snapshots)
+
+    done = roll(nodes, _upgrade_step(credentials, events), on_event=lambda what, name: events.append((what, name)))
+
+    assert done == ["cp-1", "cp-2", "worker-1"]
+    upgrades = sorted((call.at, name) for name, fake in fakes.items() for call in fake.calls_for("Upgrade"))
+    assert [name for _, name in upgrades] == ["cp-1", "cp-2", "worker-1"]
+    for fake in fakes.values():
+        (call,) = fake.calls_for("Upgrade")
+        assert call.request.image == IMAGE and call.request.preserve is True
+        assert call.roles == ("os:admin",)
+        assert fake.version_tag == NEW
+    # when each later node was asked to upgrade, the one before it was up again, on the new version
+    assert snapshots == [("cp-2", "cp-1", NEW, True), ("worker-1", "cp-2", NEW, True)]
+    per_node = ["start", "healthy-before", "upgrade-requested", "rebooted", "healthy", "done"]
+    assert events == [(what, name) for name in ("cp-1", "cp-2", "worker-1") for what in per_node]
+    # the wait after each control plane's upgrade checked etcd membership before the next started
+    for name, nxt in (("cp-1", "cp-2"), ("cp-2", "worker-1")):
+        upgraded_at = fakes[name].calls_for("Upgrade")[0].at
+        next_at = fakes[nxt].calls_for("Upgrade")[0].at
+        checks = [c.at for c in fakes[name].calls_for("EtcdMemberList") if upgraded_at < c.at < next_at]
+        assert checks, f"no etcd check of {name} between its upgrade and {nxt}'s"
+
+
+def test_a_node_that_fails_health_stops_the_roll_and_leaves_the_rest_untouched(cluster, credentials):
+    nodes, fakes = cluster
+    broken = fakes["cp-2"]
+
+    def upgrade_then_etcd_fails(node, request, context):
+        node.services = [machine_pb2.ServiceInfo(id=s.id, state="Failed" if s.id == "etcd" else s.state,
+                                                 health=s.health) for s in node.services]
+        return FakeTalosNode._rpc_Upgrade(node, request, context)
+    broken.behaviours["Upgrade"] = upgrade_then_etcd_fails
+
+    with pytest.raises(RollError) as err:
+        roll(nodes, _upgrade_step(credentials, [], timeout=2.0))
+
+    message = str(err.value)
+    assert "cp-2 (10.5.0.2)" in message and "service etcd is Failed" in message
+    assert "finished: cp-1" in message and "not touched: worker-1" in message
+    assert err.value.node.name == "cp-2" and err.value.untouched == ("worker-1",)
+    assert fakes["cp-1"].version_tag == NEW
+    assert len(broken.calls_for("Upgrade")) == 1
+    assert fakes["worker-1"].calls_for("Upgrade") == []
+    assert fakes["worker-1"].version_tag == OLD
+
+
+def test_an_unhealthy_node_is_not_upgraded(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname != "cp-1"]
+    with _client(credentials, cp1) as client:
+        assert health_problems(client, cp1) == ["is not in the etcd member list (no member URL on 10.5.0.1)"]
+        with pytest.raises(RollError, match="cp-1 .*not healthy after"):
+            upgrade_node(client, cp1, IMAGE, talos_version=NEW, timeout=5, preflight_timeout=0.5, backoff=FAST)
+    assert fakes["cp-1"].calls_for("Upgrade") == []
+
+
+def test_wait_healthy_waits_through_a_reboot(cluster, credentials):
+    nodes, fakes = cluster
+    worker = next(n for n in nodes if n.name == "worker-1")
+    fakes["worker-1"].go_down()
+    fakes["worker-1"].reboot(0.3, after=0.0)
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        time.sleep(seconds)
+
+    with _client(credentials, worker) as client:
+        wait_healthy(client, worker, expected_tag=OLD, timeout=10, backoff=FAST, sleep=sleep)
+    assert slept  # the first checks found it down and were retried
+    assert fakes["worker-1"].calls_for("ServiceList")  # and the check that passed saw its services
