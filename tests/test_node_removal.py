@@ -1,0 +1,121 @@
+"""Removing a node: etcd leave (or remove via another control plane), then reset, against stand-in nodes."""
+
+import grpc
+import pytest
+
+from providers.node_removal import RemovalError, remove_node
+from providers.rolling import RollNode
+from providers.talos_api.client import TalosClient
+from providers.talos_api.generated.machine import machine_pb2
+from providers.talos_api.retry import Backoff
+from tests import seed_cluster as seed
+from tests.talos_api_server import FakeTalosNode, client_credentials
+
+FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
+LAYOUT = [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),
+          ("cp-3", "10.5.0.3", "controlplane"), ("worker-1", "10.5.0.11", "worker")]
+MEMBER_IDS = {"cp-1": 0xA1, "cp-2": 0xA2, "cp-3": 0xA3}
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+@pytest.fixture(scope="module")
+def credentials(bundle):
+    return client_credentials(bundle)
+
+
+@pytest.fixture
+def cluster(bundle):
+    members = [machine_pb2.EtcdMember(id=MEMBER_IDS[name], hostname=name, peer_urls=[f"https://{address}:2380"],
+                                      client_urls=[f"https://{address}:2379"])
+               for name, address, role in LAYOUT if role == "controlplane"]
+    nodes, fakes = {}, {}
+    for name, address, role in LAYOUT:
+        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.2)
+        fake.etcd_members = list(members) if role == "controlplane" else []
+        fakes[name] = fake
+        nodes[name] = RollNode(name=name, address=address, role=role, endpoint=fake.endpoint)
+    yield nodes, fakes
+    for fake in fakes.values():
+        fake.stop()
+
+
+def _client_for(credentials):
+    return lambda node: TalosClient([node.endpoint], credentials=credentials, node=node.address, timeout=2)
+
+
+def _ordered_calls(fakes, rpcs):
+    calls = sorted((call.at, name, call.rpc) for name, fake in fakes.items() for call in fake.calls
+                   if call.rpc in rpcs)
+    return [(name, rpc) for _, name, rpc in calls]
+
+
+def _remove(nodes, credentials, name, **kwargs):
+    peers = [n for n in nodes.values() if n.role == "controlplane" and n.name != name]
+    return remove_node(nodes[name], _client_for(credentials), peers, timeout=5, reach_timeout=0.5,
+                       backoff=FAST, **kwargs)
+
+
+def test_control_plane_leaves_etcd_then_is_reset_gracefully(cluster, credentials):
+    nodes, fakes = cluster
+    steps = _remove(nodes, credentials, "cp-2")
+    assert steps == ["etcd-leave", "reset", "down"]
+    assert _ordered_calls(fakes, {"EtcdLeaveCluster", "EtcdRemoveMemberByID", "Reset"}) == [
+        ("cp-2", "EtcdLeaveCluster"), ("cp-2", "Reset")]
+    (reset,) = fakes["cp-2"].calls_for("Reset")
+    assert reset.request.graceful is True and reset.request.reboot is False
+    assert reset.metadata["node"] == ["10.5.0.2"]
+    assert [m.hostname for m in fakes["cp-2"].etcd_members] == ["cp-1", "cp-3"]
+
+
+def test_unreachable_control_plane_is_removed_through_another_and_not_reset(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-3"].go_down()
+    steps = _remove(nodes, credentials, "cp-3")
+    assert steps == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
+    (removal,) = fakes["cp-1"].calls_for("EtcdRemoveMemberByID")
+    assert removal.request.member_id == MEMBER_IDS["cp-3"]
+    assert [m.hostname for m in fakes["cp-1"].etcd_members] == ["cp-1", "cp-2"]
+    assert all(not fake.calls_for("Reset") for fake in fakes.values())
+
+
+def test_control_plane_whose_etcd_cannot_leave_is_removed_elsewhere_then_reset(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-1"].fail_next("EtcdLeaveCluster", grpc.StatusCode.FAILED_PRECONDITION, "etcd is not running")
+    steps = _remove(nodes, credentials, "cp-1")
+    assert steps == ["etcd-remove-member via cp-2", "reset", "down"]
+    assert _ordered_calls(fakes, {"EtcdLeaveCluster", "EtcdRemoveMemberByID", "Reset"}) == [
+        ("cp-1", "EtcdLeaveCluster"), ("cp-2", "EtcdRemoveMemberByID"), ("cp-1", "Reset")]
+    assert fakes["cp-2"].calls_for("EtcdRemoveMemberByID")[0].request.member_id == MEMBER_IDS["cp-1"]
+
+
+def test_worker_is_only_reset(cluster, credentials):
+    nodes, fakes = cluster
+    assert _remove(nodes, credentials, "worker-1") == ["reset", "down"]
+    assert _ordered_calls(fakes, {"EtcdLeaveCluster", "EtcdRemoveMemberByID", "EtcdMemberList", "Reset"}) == [
+        ("worker-1", "Reset")]
+
+
+def test_last_etcd_member_is_kept_and_reset_without_leaving(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname == "cp-1"]
+    assert _remove(nodes, credentials, "cp-1") == ["etcd-last-member-kept", "reset", "down"]
+    assert not fakes["cp-1"].calls_for("EtcdLeaveCluster")
+    assert fakes["cp-1"].calls_for("Reset")[0].request.graceful is False
+
+
+def test_no_way_to_remove_the_member_refuses_and_names_the_node(cluster, credentials):
+    nodes, fakes = cluster
+    for name in ("cp-1", "cp-2", "cp-3"):
+        fakes[name].go_down()
+    with pytest.raises(RemovalError, match=r"node cp-2 \(10.5.0.2\).*talosctl etcd remove-member"):
+        _remove(nodes, credentials, "cp-2")
+
+
+def test_reset_can_be_turned_off(cluster, credentials):
+    nodes, fakes = cluster
+    assert _remove(nodes, credentials, "worker-1", reset=False) == ["reset-disabled"]
+    assert not fakes["worker-1"].calls_for("Reset")
