@@ -263,3 +263,38 @@ def test_adopt_from_a_broken_file_fails_in_the_program_without_values(bundle, tm
     with pytest.raises(talos_secrets.SecretsBundleError, match="certs.etcd.crt is required") as err:
         run_program({}, program=lambda: MachineSecrets("secrets", seed.TALOS_VERSION, adopt_from=str(path)))
     _assert_no_secrets(bundle, str(err.value))
+
+
+def test_serialized_providers_work_in_a_fresh_process(bundle):
+    """The engine runs each provider from its pickled form in another Python process (cwd: the project)."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from pulumi.dynamic.dynamic import serialize_provider
+
+    node = seed.nodes()[0]
+    inputs = _config_inputs(bundle, node)
+    payload = json.dumps({
+        "secrets": serialize_provider(MachineSecretsProvider()),
+        "config": serialize_provider(MachineConfigurationProvider()),
+        "talosconfig": serialize_provider(TalosconfigProvider()),
+        "inputs": inputs,
+    })
+    script = (
+        "import base64, json, sys, dill\n"
+        "data = json.loads(sys.stdin.read())\n"
+        "load = lambda k: dill.loads(base64.b64decode(data[k]))\n"
+        "made = load('secrets').create({'talos_version': 'v1.13.7', 'adopt_yaml': None})\n"
+        "config = load('config').create(data['inputs'])\n"
+        "tc = load('talosconfig').create({'secrets': made.outs['secrets'], 'context': 'c',\n"
+        "                                 'endpoints': ['10.255.200.201'], 'nodes': [], 'renew_before_days': 30})\n"
+        "print(json.dumps([sorted(made.outs['secrets']), config.outs['config_sha256'],\n"
+        "                  load('config').diff('x', config.outs, data['inputs']).changes,\n"
+        "                  tc.outs['talosconfig'].startswith('context: c\\n')]))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, text=True,
+                          cwd=pathlib.Path(__file__).resolve().parent.parent, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected_sha = MachineConfigurationProvider().create(inputs).outs["config_sha256"]
+    assert json.loads(done.stdout) == [["certs", "cluster", "secrets", "trustdinfo"], expected_sha, False, True]
