@@ -27,6 +27,7 @@ import pulumi.dynamic as dynamic
 from pulumi.runtime import rpc
 
 from providers import machine_config, pki, talos_client, talos_secrets
+from providers.config_redaction import redact_config
 
 DEFAULT_RENEW_BEFORE_DAYS = 30
 
@@ -93,7 +94,7 @@ class MachineSecretsProvider(dynamic.ResourceProvider):
             "talos_version": props["talos_version"],
             "adopt_yaml": props.get("adopt_yaml"),
             "adopted": adopted,
-            "secrets": bundle,
+            "bundle": bundle,
             "secrets_yaml": talos_secrets.dump_secrets(bundle),
         }
         return dynamic.CreateResult(id_=uuid.uuid4().hex, outs=outs)
@@ -102,11 +103,11 @@ class MachineSecretsProvider(dynamic.ResourceProvider):
         # Never a replacement: new secrets would orphan every node of a running cluster.
         changed = [k for k in SECRETS_INPUTS if k in news and news.get(k) != olds.get(k)]
         return dynamic.DiffResult(changes=bool(changed), replaces=[],
-                                  stables=["secrets", "secrets_yaml", "adopted"], delete_before_replace=False)
+                                  stables=["bundle", "secrets_yaml", "adopted"], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         # Inputs are recorded; the bundle in state is kept as it is.
-        outs = {k: olds.get(k) for k in ("adopted", "secrets", "secrets_yaml")}
+        outs = {k: olds.get(k) for k in ("adopted", "bundle", "secrets_yaml")}
         outs.update(talos_version=news["talos_version"], adopt_yaml=news.get("adopt_yaml"))
         return dynamic.UpdateResult(outs=outs)
 
@@ -120,32 +121,31 @@ class MachineSecretsProvider(dynamic.ResourceProvider):
 class MachineSecrets(dynamic.Resource):
     """The cluster's secrets bundle (`talosctl gen secrets`), generated once or adopted from a file.
 
-    `secrets` is the bundle as a dict (input for MachineConfiguration and Talosconfig) and
-    `secrets_yaml` the secrets.yaml text; both are Pulumi secrets. Protect this resource.
+    `bundle` is the bundle as a dict (the `secrets` input of MachineConfiguration and Talosconfig)
+    and `secrets_yaml` the secrets.yaml text; both are Pulumi secrets. `secrets_file` adopts the
+    secrets.yaml of a cluster made by hand (read and validated in the program), `adopt_yaml` the
+    same as text. Protect this resource.
     """
 
-    secrets: pulumi.Output[dict]
+    bundle: pulumi.Output[dict]
     secrets_yaml: pulumi.Output[str]
     adopted: pulumi.Output[bool]
     talos_version: pulumi.Output[str]
 
-    def __init__(self, name: str, talos_version: pulumi.Input[str], *, adopt_from: Optional[str] = None,
+    def __init__(self, name: str, talos_version: pulumi.Input[str], *, secrets_file: Optional[str] = None,
                  adopt_yaml: Optional[pulumi.Input[str]] = None, opts: Optional[pulumi.ResourceOptions] = None):
-        if adopt_from and adopt_yaml is not None:
-            raise ValueError("MachineSecrets: give adopt_from (a path) or adopt_yaml (its text), not both")
-        if adopt_from:
+        if secrets_file and adopt_yaml is not None:
+            raise ValueError("MachineSecrets: give secrets_file (a path) or adopt_yaml (its text), not both")
+        if secrets_file:
             # Read and validate in the program so a bad file fails before anything is planned.
-            with open(adopt_from, encoding="utf-8") as fh:
-                text = fh.read()
-            talos_secrets.load_secrets(text)
-            adopt_yaml = text
+            adopt_yaml = talos_secrets.dump_secrets(talos_secrets.load_secrets_file(secrets_file))
         props = {
             "talos_version": talos_version,
             "adopt_yaml": pulumi.Output.secret(adopt_yaml) if adopt_yaml is not None else None,
-            "adopted": None, "secrets": None, "secrets_yaml": None,
+            "adopted": None, "bundle": None, "secrets_yaml": None,
         }
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            additional_secret_outputs=["secrets", "secrets_yaml", "adopt_yaml"]))
+            additional_secret_outputs=["bundle", "secrets_yaml", "adopt_yaml"]))
         super().__init__(MachineSecretsProvider(), name, props, opts)
 
 
@@ -166,6 +166,7 @@ def config_outputs(props: Mapping[str, Any], rendered: str) -> dict[str, Any]:
     outs = {k: props.get(k) for k in CONFIG_INPUTS if k != "secrets"}
     outs["machine_configuration"] = rendered
     outs["config_sha256"] = hashlib.sha256(rendered.encode()).hexdigest()
+    outs["redacted_config"] = redact_config(rendered, props["secrets"])
     return outs
 
 
@@ -174,13 +175,14 @@ class MachineConfigurationProvider(dynamic.ResourceProvider):
         if any(has_unknowns(news.get(k)) for k in CONFIG_INPUTS):
             return _check_result(news, "", None)  # validated once the values are known
         try:
-            render_config(news)
+            rendered = render_config(news)
         except talos_secrets.SecretsBundleError as exc:
             return _check_result(news, "secrets", exc)
         except machine_config.MachineConfigError as exc:
             first_word = str(exc).split(" ", 1)[0]
             return _check_result(news, first_word if first_word in CONFIG_INPUTS else "patches", exc)
-        return _check_result(news, "", None)
+        # A checked input, so that `pulumi preview --diff` shows the changed YAML lines, secrets masked.
+        return _check_result({**news, "redacted_config": redact_config(rendered, news["secrets"])}, "", None)
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         return dynamic.CreateResult(id_=uuid.uuid4().hex, outs=config_outputs(props, render_config(props)))
@@ -207,6 +209,7 @@ class MachineConfiguration(dynamic.Resource):
     machine_configuration: pulumi.Output[str]
     config_sha256: pulumi.Output[str]
     role: pulumi.Output[str]
+    redacted_config: pulumi.Output[str]  # not secret: the config with every secret value masked
 
     def __init__(self, name: str, *, secrets: pulumi.Input[dict], cluster_name: pulumi.Input[str],
                  endpoint: pulumi.Input[str], role: pulumi.Input[str], talos_version: pulumi.Input[str],
@@ -217,7 +220,7 @@ class MachineConfiguration(dynamic.Resource):
             "cluster_name": cluster_name, "endpoint": endpoint, "role": role,
             "talos_version": talos_version, "kubernetes_version": kubernetes_version,
             "patches": list(patches) if isinstance(patches, (list, tuple)) else patches,
-            "machine_configuration": None, "config_sha256": None,
+            "machine_configuration": None, "config_sha256": None, "redacted_config": None,
         }
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
             additional_secret_outputs=["machine_configuration", "secrets"]))

@@ -44,7 +44,7 @@ def test_machine_secrets_generates_once_and_never_replaces():
     inputs = {"talos_version": "v1.13.7", "adopt_yaml": None}
     assert provider.check({}, inputs).failures == []
     created = provider.create(inputs)
-    bundle = created.outs["secrets"]
+    bundle = created.outs["bundle"]
     talos_secrets.validate_secrets(bundle)
     assert created.outs["adopted"] is False
     assert talos_secrets.load_secrets(created.outs["secrets_yaml"]) == bundle
@@ -53,11 +53,11 @@ def test_machine_secrets_generates_once_and_never_replaces():
     assert same.changes is False and same.replaces == []
     upgraded = {"talos_version": "v1.13.8", "adopt_yaml": None}
     diff = provider.diff(created.id, created.outs, upgraded)
-    assert diff.changes is True and diff.replaces == [] and "secrets" in diff.stables
+    assert diff.changes is True and diff.replaces == [] and "bundle" in diff.stables
     updated = provider.update(created.id, created.outs, upgraded)
-    assert updated.outs["secrets"] == bundle  # not regenerated
+    assert updated.outs["bundle"] == bundle  # not regenerated
     assert updated.outs["talos_version"] == "v1.13.8"
-    assert provider.read(created.id, created.outs).outs["secrets"] == bundle
+    assert provider.read(created.id, created.outs).outs["bundle"] == bundle
     _assert_no_secrets(bundle, same, diff)
 
 
@@ -67,7 +67,7 @@ def test_machine_secrets_adopts_a_bundle_and_refuses_a_different_one(bundle, tmp
     inputs = {"talos_version": "v1.13.7", "adopt_yaml": text}
     assert provider.check({}, inputs).failures == []
     created = provider.create(inputs)
-    assert created.outs["secrets"] == bundle and created.outs["adopted"] is True
+    assert created.outs["bundle"] == bundle and created.outs["adopted"] is True
 
     other = talos_secrets.dump_secrets(talos_secrets.generate_secrets("v1.13.7"))
     refused = provider.check(inputs, {"talos_version": "v1.13.7", "adopt_yaml": other})
@@ -80,7 +80,7 @@ def test_machine_secrets_adopts_a_bundle_and_refuses_a_different_one(bundle, tmp
     # Dropping the adoption input keeps the bundle.
     assert provider.check(inputs, generated_inputs).failures == []
     kept = provider.update(created.id, created.outs, generated_inputs)
-    assert kept.outs["secrets"] == bundle
+    assert kept.outs["bundle"] == bundle
     _assert_no_secrets(bundle, refused.failures[0], late.failures[0])
 
 
@@ -241,15 +241,15 @@ def test_resources_register_secret_inputs_and_secret_outputs(bundle, tmp_path):
     path.write_text(talos_secrets.dump_secrets(bundle))
 
     def program():
-        secrets = MachineSecrets("secrets", seed.TALOS_VERSION, adopt_from=str(path))
-        MachineConfiguration("master-1", secrets=secrets.secrets, cluster_name=seed.CLUSTER_NAME,
+        secrets = MachineSecrets("secrets", seed.TALOS_VERSION, secrets_file=str(path))
+        MachineConfiguration("master-1", secrets=secrets.bundle, cluster_name=seed.CLUSTER_NAME,
                              endpoint=seed.ENDPOINT, role="controlplane", talos_version=seed.TALOS_VERSION,
                              kubernetes_version=seed.KUBERNETES_VERSION, patches=[seed.PATCH_INSTALL])
-        Talosconfig("talosconfig", secrets=secrets.secrets, context=seed.CLUSTER_NAME, endpoints=["10.255.200.201"])
+        Talosconfig("talosconfig", secrets=secrets.bundle, context=seed.CLUSTER_NAME, endpoints=["10.255.200.201"])
 
     run = run_program({}, program=program)
     by_name = {r.name: r for r in run.registrations}
-    assert set(by_name["secrets"].additional_secret_outputs) >= {"secrets", "secrets_yaml", "adopt_yaml"}
+    assert set(by_name["secrets"].additional_secret_outputs) >= {"bundle", "secrets_yaml", "adopt_yaml"}
     assert rpc.is_rpc_secret(by_name["secrets"].inputs["adopt_yaml"])
     assert set(by_name["master-1"].additional_secret_outputs) >= {"machine_configuration", "secrets"}
     assert rpc.is_rpc_secret(by_name["master-1"].inputs["secrets"])
@@ -257,11 +257,11 @@ def test_resources_register_secret_inputs_and_secret_outputs(bundle, tmp_path):
     assert rpc.is_rpc_secret(by_name["talosconfig"].inputs["secrets"])
 
 
-def test_adopt_from_a_broken_file_fails_in_the_program_without_values(bundle, tmp_path):
+def test_secrets_file_that_is_broken_fails_in_the_program_without_values(bundle, tmp_path):
     path = tmp_path / "secrets.yaml"
     path.write_text(talos_secrets.dump_secrets(bundle).replace("certs:", "certz:"))
     with pytest.raises(talos_secrets.SecretsBundleError, match="certs.etcd.crt is required") as err:
-        run_program({}, program=lambda: MachineSecrets("secrets", seed.TALOS_VERSION, adopt_from=str(path)))
+        run_program({}, program=lambda: MachineSecrets("secrets", seed.TALOS_VERSION, secrets_file=str(path)))
     _assert_no_secrets(bundle, str(err.value))
 
 
@@ -288,9 +288,9 @@ def test_serialized_providers_work_in_a_fresh_process(bundle):
         "load = lambda k: dill.loads(base64.b64decode(data[k]))\n"
         "made = load('secrets').create({'talos_version': 'v1.13.7', 'adopt_yaml': None})\n"
         "config = load('config').create(data['inputs'])\n"
-        "tc = load('talosconfig').create({'secrets': made.outs['secrets'], 'context': 'c',\n"
+        "tc = load('talosconfig').create({'secrets': made.outs['bundle'], 'context': 'c',\n"
         "                                 'endpoints': ['10.255.200.201'], 'nodes': [], 'renew_before_days': 30})\n"
-        "print(json.dumps([sorted(made.outs['secrets']), config.outs['config_sha256'],\n"
+        "print(json.dumps([sorted(made.outs['bundle']), config.outs['config_sha256'],\n"
         "                  load('config').diff('x', config.outs, data['inputs']).changes,\n"
         "                  tc.outs['talosconfig'].startswith('context: c\\n')]))\n")
     done = subprocess.run([sys.executable, "-c", script], input=payload, capture_output=True, text=True,
