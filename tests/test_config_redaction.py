@@ -184,3 +184,76 @@ def test_errors_never_quote_the_config(bundle):
     with pytest.raises(RedactionError, match="expected a mapping"):
         redact_config(f"- {token}\n")
     assert token not in str(err.value)
+
+
+# --- the MachineConfiguration resource's redacted_config --------------------------------------
+
+def _config_props(bundle, *extra):
+    return {"secrets": bundle, "cluster_name": seed.CLUSTER_NAME, "endpoint": seed.ENDPOINT, "role": "controlplane",
+            "talos_version": seed.TALOS_VERSION, "kubernetes_version": seed.KUBERNETES_VERSION,
+            "patches": [seed.PATCH_INSTALL, *extra], "machine_configuration": None, "config_sha256": None,
+            "redacted_config": None}
+
+
+def test_machine_configuration_checks_and_outputs_the_redacted_config(bundle):
+    from providers.dynamic_talos import MachineConfigurationProvider
+
+    provider = MachineConfigurationProvider()
+    old_props = _config_props(bundle, {"machine": {"certSANs": ["10.255.200.201"]}})
+    new_props = _config_props(bundle, {"machine": {"certSANs": ["10.255.200.201", "api.lab.local"]}})
+    old_checked = provider.check({}, old_props)
+    new_checked = provider.check(old_checked.inputs, new_props)
+    assert not old_checked.failures and not new_checked.failures
+    created = provider.create(old_checked.inputs).outs
+    assert created["redacted_config"] == old_checked.inputs["redacted_config"]
+    assert created["redacted_config"] == redact_config(created["machine_configuration"], bundle)
+
+    # what a preview shows for this node: the checked inputs' redacted_config, old vs new
+    preview = config_diff(old_checked.inputs["redacted_config"], new_checked.inputs["redacted_config"])
+    added = [line for line in preview.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == ["+        - api.lab.local"]
+    forbidden = _bundle_leaves(bundle) + _secret_field_values(created["machine_configuration"])
+    for value in forbidden:
+        assert value not in preview
+        assert value not in new_checked.inputs["redacted_config"]
+
+
+def test_redacted_config_is_a_plain_output_while_the_config_stays_secret(bundle):
+    import pulumi
+    from pulumi.runtime import rpc
+
+    from providers.dynamic_talos import MachineConfiguration, MachineConfigurationProvider
+    from tests.mocked_program import RecordingMonitor
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            # the engine hands a dynamic provider plain values; mocks see secrets still wrapped
+            inputs = {k: rpc.unwrap_rpc_secret(v) for k, v in args.inputs.items() if k != "__provider"}
+            return "mc-id", MachineConfigurationProvider().create(inputs).outs
+
+        def call(self, args):
+            return {}
+
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
+
+    @pulumi.runtime.test
+    def check():
+        resource = MachineConfiguration(
+            "machineconfig-master-1", secrets=bundle, cluster_name=seed.CLUSTER_NAME, endpoint=seed.ENDPOINT,
+            role="controlplane", talos_version=seed.TALOS_VERSION, kubernetes_version=seed.KUBERNETES_VERSION,
+            patches=[seed.PATCH_INSTALL])
+
+        def verify(redacted):
+            (registration,) = monitor.registrations
+            # the engine makes these outputs secret; redacted_config stays readable in previews
+            assert {"machine_configuration", "secrets"} <= set(registration.additional_secret_outputs)
+            assert "redacted_config" not in registration.additional_secret_outputs
+            assert "clusterName: test-cluster" in redacted
+            for value in _bundle_leaves(bundle):
+                assert value not in redacted
+
+        return resource.redacted_config.apply(verify)
+
+    check()
