@@ -218,3 +218,10 @@ def roll(nodes: Iterable[RollNode], step: Callable[[RollNode], None], *,
 def client_for(node: RollNode, talosconfig, *, timeout: float = CALL_TIMEOUT) -> TalosClient:
     """An mTLS client from the talosconfig that dials the node and targets it (talosctl -n X -e X)."""
     return TalosClient.from_talosconfig(talosconfig, endpoints=[node.dial], node=node.address, timeout=timeout)
+
+
+def roll_predecessors(nodes: Iterable[RollNode]) -> dict[str, Optional[str]]:
+    """For each node, the node before it in roll order (None for the first): what its NodeLifecycle
+    depends on, so that Pulumi runs upgrades one at a time in this order."""
+    order = roll_order(nodes)
+    return {node.name: (order[i - 1].name if i else None) for i, node in enumerate(order)}

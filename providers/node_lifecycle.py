@@ -1,0 +1,146 @@
+"""NodeLifecycle: one node's day-two operations as a Pulumi dynamic resource.
+
+- create: nothing happens on the node (a fresh node gets its configuration from ConfigurationApply);
+  the versions it runs are recorded.
+- update, installer image changed: `rolling.upgrade_node` (Upgrade, wait for the reboot, wait until
+  healthy on the new Talos version).
+- update, Kubernetes version changed: the node's new configuration is applied (mTLS, auto) and the
+  node must be healthy again before the update returns.
+- delete: `node_removal.remove_node` (etcd leave or removal through a peer, then reset).
+
+One at a time, control planes first, comes from how the resources are wired, not from here: each
+node's NodeLifecycle depends on the previous node's in `rolling.roll_order`, so Pulumi runs the
+updates one after another and a failed node stops every later one. The node's ConfigurationApply
+depends on its NodeLifecycle, so a Kubernetes version change reaches each node through this serial
+apply first (ConfigurationApply then re-sends the same bytes, which Talos takes as no change) instead
+of through all applies at once; creation stays concurrent because creates here are no-ops. Each
+NodeLifecycle also depends on its VM, so removing a node deletes it, with etcd leave and reset,
+before the VM is destroyed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import pulumi
+import pulumi.dynamic as dynamic
+
+from providers import node_removal, rolling
+from providers.talos_api import operations
+
+DEFAULT_TIMEOUT_SECONDS = 1200.0  # a Talos upgrade drains, installs and reboots
+INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
+          "peers", "timeout_seconds", "reset_on_delete", "talosconfig")
+
+
+def _node(props: dict[str, Any]) -> rolling.RollNode:
+    return rolling.RollNode(name=props["node_name"], address=props["address"], role=props["role"],
+                            endpoint=props.get("endpoint") or None)
+
+
+def _peers(props: dict[str, Any]) -> list[rolling.RollNode]:
+    return [rolling.RollNode(name=p["name"], address=p["address"], role="controlplane",
+                             endpoint=p.get("endpoint") or None) for p in props.get("peers") or []]
+
+
+def _timeout(props: dict[str, Any]) -> float:
+    return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
+
+
+def _outputs(props: dict[str, Any]) -> dict[str, Any]:
+    """State: the inputs minus the machine configuration (the talosconfig stays, for delete)."""
+    return {key: props.get(key) for key in INPUTS}
+
+
+def upgrade_step(props: dict[str, Any]) -> None:
+    node = _node(props)
+    with rolling.client_for(node, props["talosconfig"]) as client:
+        rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
+                             timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
+
+
+def kubernetes_step(props: dict[str, Any]) -> None:
+    node = _node(props)
+    try:
+        operations.apply_machine_configuration(
+            node.address, props["machine_configuration"], props["talosconfig"], endpoint=node.dial, mode="auto",
+            insecure_first=False, timeout=_timeout(props))
+    except Exception as exc:  # noqa: BLE001 - named by node for the roll's error
+        raise rolling.RollError(node, f"applying the configuration for Kubernetes "
+                                      f"{props.get('kubernetes_version')} failed: {exc}") from None
+    with rolling.client_for(node, props["talosconfig"]) as client:
+        rolling.wait_healthy(client, node, timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
+
+
+class NodeLifecycleProvider(dynamic.ResourceProvider):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = []
+        if news.get("role") not in rolling.REQUIRED_SERVICES:
+            failures.append(dynamic.CheckFailure(
+                "role", f"role: {news.get('role')!r} is not a node role (expected controlplane or worker)"))
+        if not news.get("address"):
+            failures.append(dynamic.CheckFailure("address", "address: expected the node's IP, e.g. 10.255.200.201"))
+        timeout = news.get("timeout_seconds")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            failures.append(dynamic.CheckFailure("timeout_seconds",
+                                                 f"timeout_seconds: {timeout!r} is not a positive number"))
+        return dynamic.CheckResult(news, failures)
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        return dynamic.CreateResult(id_=f"lifecycle-{props['node_name']}", outs=_outputs(props))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        # Never a replacement: replacing would reset a node that only changed its address.
+        changed = [key for key in INPUTS if olds.get(key) != news.get(key)]
+        return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        if olds.get("installer_image") != news.get("installer_image"):
+            upgrade_step(news)
+        if olds.get("kubernetes_version") != news.get("kubernetes_version"):
+            kubernetes_step(news)
+        return dynamic.UpdateResult(outs=_outputs(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, props: dict[str, Any]) -> None:
+        talosconfig = props["talosconfig"]
+        node_removal.remove_node(
+            _node(props), lambda node: rolling.client_for(node, talosconfig), _peers(props),
+            reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
+            backoff=rolling.DEFAULT_BACKOFF)
+
+
+class NodeLifecycle(dynamic.Resource):
+    """A node's upgrades (Talos installer image, Kubernetes version) and its removal from the cluster.
+
+    Wire it with depends_on=[the node's VM, the previous node's NodeLifecycle in roll order], and
+    make the node's ConfigurationApply depend on it (see the module docstring). `peers` are the
+    other control planes ({name, address, endpoint?}), used to remove this node's etcd member when
+    it cannot leave by itself.
+    """
+
+    node_name: pulumi.Output[str]
+    installer_image: pulumi.Output[str]
+    talos_version: pulumi.Output[str]
+    kubernetes_version: pulumi.Output[Optional[str]]
+
+    def __init__(self, name: str, *, node_name: str, address: pulumi.Input[str], role: str,
+                 installer_image: pulumi.Input[str], talos_version: pulumi.Input[str],
+                 kubernetes_version: pulumi.Input[Optional[str]], machine_configuration: pulumi.Input[str],
+                 talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
+                 peers: pulumi.Input[Sequence[dict]] = (), timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 reset_on_delete: bool = True, opts: Optional[pulumi.ResourceOptions] = None):
+        props = {
+            "node_name": node_name, "address": address, "endpoint": endpoint, "role": role,
+            "installer_image": installer_image, "talos_version": talos_version,
+            "kubernetes_version": kubernetes_version,
+            "peers": list(peers) if isinstance(peers, (list, tuple)) else peers,
+            "timeout_seconds": timeout_seconds, "reset_on_delete": reset_on_delete,
+            "machine_configuration": pulumi.Output.secret(machine_configuration),
+            "talosconfig": pulumi.Output.secret(talosconfig),
+        }
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+            additional_secret_outputs=["talosconfig", "machine_configuration"]))
+        super().__init__(NodeLifecycleProvider(), name, props, opts)

@@ -1,0 +1,168 @@
+"""NodeLifecycle provider called directly against stand-in nodes: no-op create, upgrade and
+Kubernetes updates, removal on delete; and its wiring under Pulumi mocks."""
+
+import pytest
+
+from providers import node_lifecycle, rolling
+from providers.node_lifecycle import NodeLifecycleProvider
+from providers.rolling import RollError, RollNode, roll_predecessors
+from providers.talos_api import operations
+from providers.talos_api.generated.machine import machine_pb2
+from providers.talos_api.retry import Backoff
+from tests import seed_cluster as seed
+from providers.talos_client import talosconfig as make_talosconfig
+from tests.talos_api_server import FakeTalosNode
+
+OLD, NEW = "v1.12.6", "v1.13.7"
+FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    monkeypatch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
+    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+@pytest.fixture
+def pair(bundle):
+    members = [machine_pb2.EtcdMember(id=0xB1, hostname="cp-1", peer_urls=["https://10.5.0.1:2380"]),
+               machine_pb2.EtcdMember(id=0xB2, hostname="cp-2", peer_urls=["https://10.5.0.2:2380"])]
+    fakes = {}
+    for name in ("cp-1", "cp-2"):
+        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.2, version_tag=OLD)
+        fake.etcd_members = list(members)
+        fakes[name] = fake
+    talosconfig = make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint])
+    yield fakes, talosconfig
+    for fake in fakes.values():
+        fake.stop()
+
+
+def _props(fakes, talosconfig, **changes):
+    props = {
+        "node_name": "cp-1", "address": "10.5.0.1", "endpoint": fakes["cp-1"].endpoint, "role": "controlplane",
+        "installer_image": f"factory.talos.dev/installer/{seed.SCHEMATIC}:{OLD}", "talos_version": OLD,
+        "kubernetes_version": "1.34.1", "peers": [{"name": "cp-2", "address": "10.5.0.2",
+                                                   "endpoint": fakes["cp-2"].endpoint}],
+        "timeout_seconds": 10, "reset_on_delete": True, "talosconfig": talosconfig,
+        "machine_configuration": "version: v1alpha1\nmachine:\n  type: controlplane\n",
+    }
+    props.update(changes)
+    return props
+
+
+def test_create_touches_no_node_and_keeps_no_configuration(pair):
+    fakes, talosconfig = pair
+    result = NodeLifecycleProvider().create(_props(fakes, talosconfig))
+    assert result.id == "lifecycle-cp-1"
+    assert "machine_configuration" not in result.outs and result.outs["talosconfig"] == talosconfig
+    assert fakes["cp-1"].calls == []
+
+
+def test_diff_never_replaces_and_ignores_configuration_only_changes(pair):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    same = provider.diff("id", olds, _props(fakes, talosconfig, machine_configuration="other: config\n"))
+    assert same.changes is False
+    moved = provider.diff("id", olds, _props(fakes, talosconfig, address="10.5.0.9",
+                                             installer_image="installer:" + NEW, talos_version=NEW))
+    assert moved.changes is True and moved.replaces == []
+
+
+def test_installer_image_change_upgrades_the_node_and_waits_for_it(pair):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    image = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEW}"
+    outs = provider.update("id", olds, _props(fakes, talosconfig, installer_image=image, talos_version=NEW)).outs
+    assert outs["installer_image"] == image
+    (upgrade,) = fakes["cp-1"].calls_for("Upgrade")
+    assert upgrade.request.image == image
+    assert fakes["cp-1"].version_tag == NEW
+    assert fakes["cp-1"].calls_for("ApplyConfiguration") == []
+    assert fakes["cp-1"].calls[-1].rpc == "EtcdMemberList"  # the last health check, after the reboot
+    assert fakes["cp-2"].calls == []
+
+
+def test_kubernetes_version_change_applies_this_nodes_config_then_waits_healthy(pair):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    config = "version: v1alpha1\nmachine:\n  kubelet:\n    image: ghcr.io/siderolabs/kubelet:v1.35.0\n"
+    provider.update("id", olds, _props(fakes, talosconfig, kubernetes_version="1.35.0",
+                                       machine_configuration=config))
+    (apply,) = fakes["cp-1"].calls_for("ApplyConfiguration")
+    assert apply.request.data == config.encode()
+    assert apply.request.mode == machine_pb2.ApplyConfigurationRequest.AUTO and apply.mode == "configured"
+    after = [c.rpc for c in fakes["cp-1"].calls if c.at > apply.at]
+    assert "ServiceList" in after and "EtcdMemberList" in after
+    assert fakes["cp-1"].calls_for("Upgrade") == [] and fakes["cp-2"].calls == []
+
+
+def test_a_failed_kubernetes_apply_names_the_node(pair):
+    fakes, talosconfig = pair
+    import grpc
+    fakes["cp-1"].fail_next("ApplyConfiguration", grpc.StatusCode.INVALID_ARGUMENT, "unknown keys found")
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    with pytest.raises(RollError, match=r"node cp-1 \(10.5.0.1\): applying the configuration for Kubernetes 1.35.0"):
+        provider.update("id", olds, _props(fakes, talosconfig, kubernetes_version="1.35.0"))
+
+
+def test_delete_leaves_etcd_then_resets(pair):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    outs = provider.create(_props(fakes, talosconfig)).outs
+    provider.delete("id", outs)
+    rpcs = [c.rpc for c in fakes["cp-1"].calls if c.rpc in ("EtcdLeaveCluster", "Reset")]
+    assert rpcs == ["EtcdLeaveCluster", "Reset"]
+    assert fakes["cp-2"].calls_for("EtcdRemoveMemberByID") == []
+
+
+def test_roll_predecessors_chain_control_planes_first():
+    nodes = [RollNode("w1", "10.0.0.4", "worker"), RollNode("cp1", "10.0.0.1", "controlplane"),
+             RollNode("cp2", "10.0.0.2", "controlplane")]
+    assert roll_predecessors(nodes) == {"cp1": None, "cp2": "cp1", "w1": "cp2"}
+
+
+def test_resource_marks_credentials_and_config_secret(bundle):
+    import pulumi
+
+    from tests.mocked_program import RecordingMonitor
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            return f"{args.name}-id", dict(args.inputs)
+
+        def call(self, args):
+            return {}
+
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
+
+    @pulumi.runtime.test
+    def check():
+        first = node_lifecycle.NodeLifecycle(
+            "lifecycle-cp-1", node_name="cp-1", address="10.5.0.1", role="controlplane", installer_image="i:v1",
+            talos_version="v1", kubernetes_version=None, machine_configuration="cfg", talosconfig="tc")
+        second = node_lifecycle.NodeLifecycle(
+            "lifecycle-w-1", node_name="w-1", address="10.5.0.11", role="worker", installer_image="i:v1",
+            talos_version="v1", kubernetes_version=None, machine_configuration="cfg", talosconfig="tc",
+            opts=pulumi.ResourceOptions(depends_on=[first]))
+
+        def verify(_):
+            by_name = {r.name: r for r in monitor.registrations}
+            for registration in by_name.values():
+                assert {"talosconfig", "machine_configuration"} <= set(registration.additional_secret_outputs)
+            assert by_name["lifecycle-cp-1"].urn in by_name["lifecycle-w-1"].dependencies
+
+        return pulumi.Output.all(first.urn, second.urn).apply(verify)
+
+    check()
