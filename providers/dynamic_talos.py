@@ -6,7 +6,9 @@ Thin adapters around providers.talos_secrets, providers.machine_config and provi
   diff never asks for a replacement, and a changed adoption input is refused by check. The cluster
   component protects it as well.
 - MachineConfiguration: the rendered config for one node; diff reports a change exactly when the
-  rendered bytes change (so only nodes whose patches changed show up in a preview).
+  rendered bytes change (so only nodes whose patches changed show up in a preview). Check adds
+  `redacted_config` (providers.config_redaction) as a plain input, so a preview shows the changed
+  lines with every secret masked.
 - Talosconfig: keeps its os:admin client certificate in state and reuses it; endpoint/node changes
   only rewrite the YAML. A new certificate is issued when the OS CA changed or the certificate is
   within `renew_before_days` of expiring.
@@ -160,7 +162,8 @@ def render_config(props: Mapping[str, Any]) -> str:
 
 
 def config_outputs(props: Mapping[str, Any], rendered: str) -> dict[str, Any]:
-    """State of a MachineConfiguration: its non-secret inputs, the config and its SHA-256.
+    """State of a MachineConfiguration: its non-secret inputs, the config, its SHA-256 and the config
+    with every secret masked (`redacted_config`, plain, what a preview may show).
 
     The bundle itself is not copied into the outputs; the inputs record it (as a secret)."""
     outs = {k: props.get(k) for k in CONFIG_INPUTS if k != "secrets"}
@@ -204,7 +207,8 @@ class MachineConfigurationProvider(dynamic.ResourceProvider):
 
 
 class MachineConfiguration(dynamic.Resource):
-    """One node's complete machine configuration (`machine_configuration`, a secret) and its SHA-256."""
+    """One node's complete machine configuration (`machine_configuration`, a secret), its SHA-256 and
+    `redacted_config` (plain)."""
 
     machine_configuration: pulumi.Output[str]
     config_sha256: pulumi.Output[str]
