@@ -17,6 +17,7 @@ Patches are applied in order, as `talosctl --config-patch` does:
     and auditPolicy (replaced), network interfaces (merged by `interface` or by equal
     `deviceSelector`), VLANs (by vlanId), admission plugins (by name) and extraArgs (key by key).
     `$patch: delete` removes a key, a list item (matched by its first other key) or a document.
+    As in Talos, "" or 0 in a patch does not clear a set string/integer field (use `$patch: delete`).
   - RFC 6902 JSON patch: a list of operations (or YAML/JSON text of one), applied to the v1alpha1
     document. (talosctl refuses JSON patches on multi-document configs; addressing v1alpha1 is
     what such a patch means.)
@@ -440,8 +441,19 @@ def _merge(left: dict, right: dict, struct: str | None, path: tuple, label: str)
         elif isinstance(lvalue, (dict, list)) or isinstance(rvalue, (dict, list)):
             raise MachineConfigError(f"{label}: {_dotted(here)} is a {_kind(rvalue)} in the patch but a "
                                      f"{_kind(lvalue)} in the config; expected a {_kind(lvalue)}")
-        else:
+        elif not _zero_keeps_existing(field, struct, rvalue):
             left[key] = rvalue
+
+
+def _zero_keeps_existing(field, struct: str | None, value: Any) -> bool:
+    """Go's merge leaves a set string/integer alone when the patch has "" or 0 there, unless the
+    field is a pointer (booleans always overwrite)."""
+    is_zero = value == "" or (isinstance(value, int) and not isinstance(value, bool) and value == 0)
+    if not is_zero:
+        return False
+    if field is None:
+        return struct is None  # free-form maps hold plain Go values
+    return not field.pointer and field.scalar in ("s", "i")
 
 
 def _merge_keyed(existing: list, incoming: list, keys: tuple, struct: str | None, path: tuple, label: str) -> list:

@@ -442,3 +442,18 @@ def test_other_documents_follow_their_own_merge_rules(bundle):
         {"content": "hello world", "mountPath": "/etc/foo"}, {"content": "other", "mountPath": "/etc/bar"}]
     assert by_kind["NetworkRuleConfig"]["portSelector"] == {"ports": [10255], "protocol": "tcp"}
     assert by_kind["NetworkRuleConfig"]["ingress"] == [{"subnet": "192.168.0.0/16"}]
+
+
+def test_empty_strings_and_zeros_do_not_clear_set_fields_but_false_does(bundle):
+    cfg = _v1alpha1(_render(bundle, "controlplane", patches=[
+        DISK,
+        {"machine": {"install": {"disk": "", "wipe": True}, "nodeLabels": {"zone": "a"}}},
+        {"machine": {"nodeLabels": {"zone": ""}, "features": {"kubePrism": {"port": 0}}},
+         "cluster": {"network": {"dnsDomain": ""}}},
+        {"machine": {"install": {"wipe": False}}},
+    ]))
+    assert cfg["machine"]["install"]["disk"] == "/dev/sda"
+    assert cfg["machine"]["install"]["wipe"] is False
+    assert cfg["machine"]["nodeLabels"]["zone"] == "a"
+    assert cfg["machine"]["features"]["kubePrism"]["port"] == 7445
+    assert cfg["cluster"]["network"]["dnsDomain"] == "cluster.local"
