@@ -1,0 +1,24 @@
+"""A Talos Linux cluster on Proxmox VE: the stack's settings -> one TalosCluster -> its outputs.
+
+Settings are validated before anything is registered: a bad stack file stops here with every
+problem listed, and nothing touches Proxmox or a node.
+"""
+
+import pulumi
+
+from components.cluster import TalosCluster
+from providers.settings import TOP_LEVEL_KEYS, load_settings
+
+config = pulumi.Config()
+settings = load_settings({key: config.get_object(key) for key in TOP_LEVEL_KEYS})
+for warning in settings.warnings:
+    pulumi.log.warn(warning)
+
+cluster = TalosCluster(settings.cluster.name, settings)
+
+pulumi.export("endpoint", cluster.endpoint)
+pulumi.export("nodeIps", cluster.node_ips)
+pulumi.export("schematicId", cluster.schematic_id)
+pulumi.export("installerImage", cluster.installer_image)
+pulumi.export("talosconfig", cluster.talosconfig)
+pulumi.export("kubeconfig", cluster.kubeconfig)

@@ -1,0 +1,89 @@
+"""`TalosCluster`: one stack's whole cluster, wired in the order the seed walkthrough does by hand.
+
+    image (schematic + ISO in Proxmox)
+    secrets ──┬─ talosconfig
+              └─ node x N: VM -> machine config -> apply (insecure first)
+    bootstrap (first control plane, after its apply) -> kubeconfig -> Kubernetes provider -> add-ons
+
+Everything is a child of the cluster component, so `pulumi preview` reads as that tree.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components.addons import ClusterAddons
+from components.image import TalosImage
+from components.node import TalosNode
+from components.render import image_facts, talosconfig_inputs
+from providers.settings import Settings
+from providers.talos_api.resources import Bootstrap, Kubeconfig
+from providers.dynamic_talos import MachineSecrets, Talosconfig
+
+
+class TalosCluster(pulumi.ComponentResource):
+    """Outputs: `endpoint`, `node_ips`, `schematic_id`, `installer_image`, `talosconfig` and
+    `kubeconfig` (both secrets), and the parts: `image`, `secrets`, `nodes` (by node name), `bootstrap`,
+    `kubeconfig_resource`, `k8s_provider`, `addons`."""
+
+    def __init__(self, name: str, settings: Settings, opts: Optional[pulumi.ResourceOptions] = None) -> None:
+        super().__init__("talos-proxmox:index:TalosCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        c, px, img = settings.cluster, settings.proxmox, settings.image
+        facts = image_facts(settings)
+
+        self.image = TalosImage(
+            "image", img.schematic, c.talos_version, factory_url=img.factory_url, platform=img.platform,
+            arch=img.arch, secure_boot=img.secure_boot, proxmox_node=px.node, iso_datastore=px.iso_datastore,
+            opts=child)
+
+        # The cluster's identity: losing or replacing it orphans every node, hence protect.
+        self.secrets = MachineSecrets(
+            "secrets", talos_version=c.talos_version, secrets_file=c.secrets_file,
+            opts=pulumi.ResourceOptions(parent=self, protect=True))
+
+        self.talosconfig_resource = Talosconfig(
+            "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
+
+        # Keyed by node name: removing a node from the stack removes only its resources.
+        self.nodes: dict[str, TalosNode] = {
+            node.name: TalosNode(
+                node.name, settings, node,
+                iso_file_id=self.image.iso_file_id,
+                installer_image=facts.installer_image,
+                secrets=self.secrets.bundle,
+                talosconfig=self.talosconfig_resource.talosconfig,
+                opts=child)
+            for node in settings.nodes
+        }
+
+        first = settings.bootstrap_node
+        self.bootstrap = Bootstrap(
+            "bootstrap", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nodes[first.name].apply]))
+        self.kubeconfig_resource = Kubeconfig(
+            "kubeconfig", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.bootstrap]))
+
+        self.talosconfig = pulumi.Output.secret(self.talosconfig_resource.talosconfig)
+        self.kubeconfig = pulumi.Output.secret(self.kubeconfig_resource.kubeconfig)
+        self.k8s_provider = k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
+        self.addons = ClusterAddons(
+            "addons", settings, self.k8s_provider,
+            depends_on=[self.bootstrap, self.kubeconfig_resource], kubeconfig=self.kubeconfig, opts=child)
+
+        self.endpoint = c.endpoint
+        self.node_ips = {node.name: node.ip for node in settings.nodes}
+        self.schematic_id = facts.schematic_id
+        self.installer_image = facts.installer_image
+        self.register_outputs({
+            "endpoint": self.endpoint,
+            "node_ips": self.node_ips,
+            "schematic_id": self.schematic_id,
+            "installer_image": self.installer_image,
+            "talosconfig": self.talosconfig,
+            "kubeconfig": self.kubeconfig,
+        })

@@ -1,0 +1,115 @@
+"""One Talos node: its Proxmox VM, its rendered machine configuration, and the apply that sends it.
+
+Every resource here is named after the node, so adding or removing a node in the stack adds or
+removes exactly that node's resources and leaves the others' inputs alone.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pulumi
+import pulumi_proxmoxve as proxmoxve
+
+from components.render import machine_config_inputs
+from providers.dynamic_talos import MachineConfiguration
+from providers.settings import NodeSettings, Settings
+from providers.talos_api.resources import ConfigurationApply
+
+# The CD-ROM sits on ide2, Proxmox's own default slot for it and one that q35 machines also have.
+CDROM_INTERFACE = "ide2"
+BOOT_DISK_INTERFACE = "scsi0"
+DATA_DISK_INTERFACE = "scsi1"
+
+
+def vm_tags(settings: Settings, node: NodeSettings) -> list[str]:
+    """Cluster, role and the stack's extra tags; sorted and unique because Proxmox stores them that way."""
+    return sorted({"talos", settings.cluster.name, node.role, *settings.proxmox.tags})
+
+
+def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[str]) -> dict:
+    """Keyword arguments of the node's `proxmoxve.VmLegacy`, as the seed builds its VMs by hand."""
+    px = settings.proxmox
+    disks = [proxmoxve.VmLegacyDiskArgs(
+        interface=BOOT_DISK_INTERFACE, datastore_id=px.vm_datastore, size=node.disk_gb,
+        file_format="raw", ssd=True, discard="on", iothread=True)]
+    if node.data_disk is not None:
+        disks.append(proxmoxve.VmLegacyDiskArgs(
+            interface=DATA_DISK_INTERFACE, datastore_id=px.vm_datastore, size=node.data_disk.size_gb,
+            file_format="raw", ssd=True, discard="on", iothread=True))
+    return dict(
+        name=node.name,
+        vm_id=node.vm_id,
+        node_name=node.proxmox_node,
+        description=f"Talos {node.role} of cluster {settings.cluster.name}, managed by Pulumi",
+        tags=vm_tags(settings, node),
+        cpu=proxmoxve.VmLegacyCpuArgs(cores=node.cpu, sockets=1, type=px.cpu_type),
+        # Ballooning off: Talos and the kubelet plan around the memory they see at boot.
+        memory=proxmoxve.VmLegacyMemoryArgs(dedicated=node.memory_mib, floating=0),
+        scsi_hardware="virtio-scsi-single",
+        disks=disks,
+        network_devices=[proxmoxve.VmLegacyNetworkDeviceArgs(
+            bridge=px.bridge, model="virtio", mac_address=node.mac)],
+        cdrom=proxmoxve.VmLegacyCdromArgs(file_id=iso_file_id, interface=CDROM_INTERFACE),
+        # Disk first: empty on first boot, so the VM falls through to the ISO (maintenance mode); once
+        # Talos has installed itself the disk boots and the ISO is never used again.
+        boot_orders=[BOOT_DISK_INTERFACE, CDROM_INTERFACE],
+        # The qemu-guest-agent extension answers once Talos runs; the node's address is fixed in the
+        # stack, so VM creation need not wait for the agent to report one.
+        agent=proxmoxve.VmLegacyAgentArgs(
+            enabled=True, trim=True, type="virtio",
+            wait_for_ip=proxmoxve.VmLegacyAgentWaitForIpArgs(disabled=True)),
+        operating_system=proxmoxve.VmLegacyOperatingSystemArgs(type="l26"),
+        on_boot=True,
+        started=True,
+        # Talos is reset through its API before the VM goes (day-two hooks); then a hard stop is safe.
+        stop_on_destroy=True,
+    )
+
+
+class TalosNode(pulumi.ComponentResource):
+    """A Proxmox VM booted from the factory ISO, its machine configuration and its first apply.
+
+    Outputs: `vm`, `machine_configuration` (the dynamic resource), `apply`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        settings: Settings,
+        node: NodeSettings,
+        *,
+        iso_file_id: pulumi.Input[str],
+        installer_image: pulumi.Input[str],
+        secrets: pulumi.Input[dict],
+        talosconfig: pulumi.Input[str],
+        depends_on: Optional[Sequence[pulumi.Resource]] = None,
+        opts: Optional[pulumi.ResourceOptions] = None,
+    ) -> None:
+        super().__init__("talos-proxmox:index:TalosNode", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id), opts=child)
+
+        config_inputs = pulumi.Output.from_input(installer_image).apply(
+            lambda image: machine_config_inputs(settings, node, image))
+        self.machine_configuration = MachineConfiguration(
+            f"machineconfig-{name}",
+            secrets=secrets,
+            cluster_name=config_inputs["cluster_name"],
+            endpoint=config_inputs["endpoint"],
+            role=config_inputs["role"],
+            talos_version=config_inputs["talos_version"],
+            kubernetes_version=config_inputs["kubernetes_version"],
+            patches=config_inputs["patches"],
+            opts=child,
+        )
+        # The VM must exist (and boot the ISO) before anything can be sent to its Talos API.
+        self.apply = ConfigurationApply(
+            f"apply-{name}",
+            node=node.ip,
+            machine_configuration=self.machine_configuration.machine_configuration,
+            talosconfig=talosconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, *(depends_on or [])]),
+        )
+        self.register_outputs({"vm_id": self.vm.vm_id, "ip": node.ip})

@@ -1,0 +1,129 @@
+"""`python -m components.render`: the stack's files written offline, as `pulumi up` would send them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from components import render
+from providers import machine_config, pki, talos_secrets
+from tests.mocked_program import REPO, stack_config
+
+SEED_SCHEMATIC_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
+SEED_SCHEMATIC_YAML = (
+    "customization:\n  extraKernelArgs:\n    - net.ifnames=0\n  systemExtensions:\n    officialExtensions:\n"
+    "      - siderolabs/iscsi-tools\n      - siderolabs/nfs-utils\n      - siderolabs/qemu-guest-agent\n"
+    "      - siderolabs/util-linux-tools\n")
+NODES = [n["name"] for n in stack_config("test-cluster")["nodes"]]
+
+
+def v1alpha1(path) -> dict:
+    return next(d for d in machine_config.parse_config(path.read_text()) if d.get("version") == "v1alpha1")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("render") / "out"
+    assert render.main(["--stack", "test-cluster", "--out", str(out)]) == 0
+    return out
+
+
+def test_writes_every_node_config_talosconfig_schematic_and_helm_values(rendered):
+    names = {p.name for p in rendered.iterdir()}
+    assert {f"{n}.yaml" for n in NODES} <= names
+    assert {"secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id",
+            "cilium-values.yaml", "talos-ccm-values.yaml"} <= names
+    for path in rendered.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+
+
+def test_schematic_and_its_id_are_the_seeds(rendered):
+    """The file is the canonical form the id hashes, so `curl --data-binary @schematic.yaml` gets that id."""
+    text = (rendered / "schematic.yaml").read_text()
+    assert yaml.safe_load(text) == yaml.safe_load(SEED_SCHEMATIC_YAML)
+    assert hashlib.sha256(text.encode()).hexdigest() == SEED_SCHEMATIC_ID
+    assert (rendered / "schematic-id").read_text().strip() == SEED_SCHEMATIC_ID
+
+
+def test_node_configs_carry_role_installer_mac_and_data_disk(rendered):
+    master = v1alpha1(rendered / "master-1.yaml")
+    assert master["machine"]["type"] == "controlplane"
+    assert master["machine"]["install"] == {
+        "disk": "/dev/sda", "image": f"factory.talos.dev/installer/{SEED_SCHEMATIC_ID}:v1.13.7",
+        **{k: v for k, v in master["machine"]["install"].items() if k not in ("disk", "image")}}
+    [iface] = master["machine"]["network"]["interfaces"]
+    assert iface["deviceSelector"] == {"hardwareAddr": "bc:24:11:80:a1:9b"}
+    assert iface["addresses"] == ["10.255.200.201/24"]
+    assert master["cluster"]["controlPlane"]["endpoint"] == "https://10.255.200.201:6443"
+
+    worker = v1alpha1(rendered / "worker-1.yaml")
+    assert worker["machine"]["type"] == "worker"
+    assert worker["machine"]["disks"] == [{"device": "/dev/sdb", "partitions": [{"mountpoint": "/var/lib/longhorn"}]}]
+    assert "disks" not in v1alpha1(rendered / "worker-4.yaml")["machine"]
+
+
+def test_configs_are_signed_by_the_written_bundle_and_talosconfig_targets_the_cluster(rendered):
+    bundle = talos_secrets.load_secrets_file(str(rendered / "secrets.yaml"))
+    master = v1alpha1(rendered / "master-1.yaml")
+    assert master["machine"]["ca"]["crt"] == bundle["certs"]["os"]["crt"]
+    config = yaml.safe_load((rendered / "talosconfig").read_text())
+    context = config["contexts"][config["context"]]
+    assert config["context"] == "test-cluster"
+    assert context["endpoints"] == ["10.255.200.201", "10.255.200.202", "10.255.200.203"]
+    pki.verify_issued_by(pki.pem_from_b64(context["crt"]), pki.pem_from_b64(bundle["certs"]["os"]["crt"]))
+
+
+def test_second_run_reuses_the_bundle_and_gives_the_same_configs(rendered):
+    before = {p.name: p.read_bytes() for p in rendered.iterdir() if p.name != "talosconfig"}
+    assert render.main(["--stack", "test-cluster", "--out", str(rendered)]) == 0
+    after = {p.name: p.read_bytes() for p in rendered.iterdir() if p.name != "talosconfig"}
+    assert after == before
+
+
+def test_given_bundle_is_used_and_not_copied(rendered, tmp_path):
+    out = tmp_path / "other"
+    assert render.main(["--stack", "test-cluster", "--out", str(out),
+                        "--secrets", str(rendered / "secrets.yaml")]) == 0
+    assert not (out / "secrets.yaml").exists()
+    assert (out / "worker-2.yaml").read_bytes() == (rendered / "worker-2.yaml").read_bytes()
+
+
+def test_each_config_is_what_the_program_renders_from_the_same_inputs(rendered):
+    """The command and the MachineConfiguration resources share `machine_config_inputs`."""
+    settings = render.load_settings(stack_config("test-cluster"))
+    bundle = talos_secrets.load_secrets_file(str(rendered / "secrets.yaml"))
+    installer = render.image_facts(settings).installer_image
+    for node in settings.nodes:
+        expected = machine_config.render(bundle, **render.machine_config_inputs(settings, node, installer))
+        assert (rendered / f"{node.name}.yaml").read_text() == expected
+
+
+def test_bad_stack_writes_nothing_and_names_the_key(tmp_path, capsys):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    text = (REPO / "stacks" / "Pulumi.test-cluster.yaml").read_text().replace("ip: 10.255.200.202", "ip: 10.255.200.201")
+    (stacks / "Pulumi.broken.yaml").write_text(text)
+    out = tmp_path / "out"
+    code = render.main(["--stack", "broken", "--out", str(out), "--stacks-dir", str(stacks)])
+    assert code == 1
+    assert "talos-proxmox:nodes[1].ip: '10.255.200.201' duplicates nodes[0].ip" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_unknown_stack_is_refused(tmp_path, capsys):
+    assert render.main(["--stack", "nope", "--out", str(tmp_path / "o")]) == 2
+    assert "Pulumi.nope.yaml does not exist" in capsys.readouterr().err
+
+
+def test_help_explains_the_secrets_bundle():
+    result = subprocess.run([sys.executable, "-m", "components.render", "--help"], cwd=REPO,
+                            capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0
+    assert "--secrets FILE" in result.stdout
+    assert "secrets.yaml is reused if it exists and generated there once" in " ".join(result.stdout.split())
