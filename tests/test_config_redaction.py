@@ -223,20 +223,11 @@ def test_redacted_config_is_a_plain_output_while_the_config_stays_secret(bundle)
     from pulumi.runtime import rpc
 
     from providers.dynamic_talos import MachineConfiguration, MachineConfigurationProvider
-    from tests.mocked_program import RecordingMonitor
+    from tests.day_two import recording_mocks
 
-    class Mocks(pulumi.runtime.Mocks):
-        def new_resource(self, args):
-            # the engine hands a dynamic provider plain values; mocks see secrets still wrapped
-            inputs = {k: rpc.unwrap_rpc_secret(v) for k, v in args.inputs.items() if k != "__provider"}
-            return "mc-id", MachineConfigurationProvider().create(inputs).outs
-
-        def call(self, args):
-            return {}
-
-    mocks = Mocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
+    # the engine hands a dynamic provider plain values; mocks see secrets still wrapped
+    monitor = recording_mocks(lambda args: MachineConfigurationProvider().create(
+        {k: rpc.unwrap_rpc_secret(v) for k, v in args.inputs.items() if k != "__provider"}).outs)
 
     @pulumi.runtime.test
     def check():

@@ -1,6 +1,7 @@
 """NodeLifecycle provider called directly against stand-in nodes: no-op create, upgrade and
 Kubernetes updates, removal on delete; and its wiring under Pulumi mocks."""
 
+import grpc
 import pytest
 
 from providers import node_lifecycle, rolling
@@ -8,13 +9,11 @@ from providers.node_lifecycle import NodeLifecycleProvider
 from providers.rolling import RollError, RollNode, roll_predecessors
 from providers.talos_api import operations
 from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
-from tests import seed_cluster as seed
 from providers.talos_client import talosconfig as make_talosconfig
-from tests.talos_api_server import FakeTalosNode
+from tests import seed_cluster as seed
+from tests.day_two import FAST, bundle, stand_in_cluster, stop_all  # noqa: F401 - fixture
 
 OLD, NEW = "v1.12.6", "v1.13.7"
-FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
 
 
 @pytest.fixture(autouse=True)
@@ -23,24 +22,12 @@ def fast_backoff(monkeypatch):
     monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    return seed.shared_bundle()
-
-
 @pytest.fixture
 def pair(bundle):
-    members = [machine_pb2.EtcdMember(id=0xB1, hostname="cp-1", peer_urls=["https://10.5.0.1:2380"]),
-               machine_pb2.EtcdMember(id=0xB2, hostname="cp-2", peer_urls=["https://10.5.0.2:2380"])]
-    fakes = {}
-    for name in ("cp-1", "cp-2"):
-        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.2, version_tag=OLD)
-        fake.etcd_members = list(members)
-        fakes[name] = fake
-    talosconfig = make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint])
-    yield fakes, talosconfig
-    for fake in fakes.values():
-        fake.stop()
+    nodes, fakes = stand_in_cluster(bundle, [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane")],
+                                    version_tag=OLD, downtime=0.2)
+    yield fakes, make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint])
+    stop_all(fakes)
 
 
 def _props(fakes, talosconfig, **changes):
@@ -107,7 +94,6 @@ def test_kubernetes_version_change_applies_this_nodes_config_then_waits_healthy(
 
 def test_a_failed_kubernetes_apply_names_the_node(pair):
     fakes, talosconfig = pair
-    import grpc
     fakes["cp-1"].fail_next("ApplyConfiguration", grpc.StatusCode.INVALID_ARGUMENT, "unknown keys found")
     provider = NodeLifecycleProvider()
     olds = provider.create(_props(fakes, talosconfig)).outs
@@ -134,18 +120,9 @@ def test_roll_predecessors_chain_control_planes_first():
 def test_resource_marks_credentials_and_config_secret(bundle):
     import pulumi
 
-    from tests.mocked_program import RecordingMonitor
+    from tests.day_two import recording_mocks
 
-    class Mocks(pulumi.runtime.Mocks):
-        def new_resource(self, args):
-            return f"{args.name}-id", dict(args.inputs)
-
-        def call(self, args):
-            return {}
-
-    mocks = Mocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
+    monitor = recording_mocks(lambda args: dict(args.inputs))
 
     @pulumi.runtime.test
     def check():

@@ -4,43 +4,19 @@ import grpc
 import pytest
 
 from providers.node_removal import RemovalError, remove_node
-from providers.rolling import RollNode
 from providers.talos_api.client import TalosClient
-from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
-from tests import seed_cluster as seed
-from tests.talos_api_server import FakeTalosNode, client_credentials
+from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
-FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
 LAYOUT = [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),
           ("cp-3", "10.5.0.3", "controlplane"), ("worker-1", "10.5.0.11", "worker")]
 MEMBER_IDS = {"cp-1": 0xA1, "cp-2": 0xA2, "cp-3": 0xA3}
 
 
-@pytest.fixture(scope="module")
-def bundle():
-    return seed.shared_bundle()
-
-
-@pytest.fixture(scope="module")
-def credentials(bundle):
-    return client_credentials(bundle)
-
-
 @pytest.fixture
 def cluster(bundle):
-    members = [machine_pb2.EtcdMember(id=MEMBER_IDS[name], hostname=name, peer_urls=[f"https://{address}:2380"],
-                                      client_urls=[f"https://{address}:2379"])
-               for name, address, role in LAYOUT if role == "controlplane"]
-    nodes, fakes = {}, {}
-    for name, address, role in LAYOUT:
-        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.2)
-        fake.etcd_members = list(members) if role == "controlplane" else []
-        fakes[name] = fake
-        nodes[name] = RollNode(name=name, address=address, role=role, endpoint=fake.endpoint)
+    nodes, fakes = stand_in_cluster(bundle, LAYOUT, downtime=0.2, member_ids=MEMBER_IDS)
     yield nodes, fakes
-    for fake in fakes.values():
-        fake.stop()
+    stop_all(fakes)
 
 
 def _client_for(credentials):

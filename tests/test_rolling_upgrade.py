@@ -7,28 +7,12 @@ import pytest
 from providers.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
 from providers.talos_api.client import TalosClient
 from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
 from tests import seed_cluster as seed
-from tests.talos_api_server import FakeTalosNode, client_credentials
+from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.talos_api_server import FakeTalosNode
 
 OLD, NEW = "v1.12.6", "v1.13.7"
 IMAGE = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEW}"
-FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
-
-
-@pytest.fixture(scope="module")
-def bundle():
-    return seed.shared_bundle()
-
-
-@pytest.fixture(scope="module")
-def credentials(bundle):
-    return client_credentials(bundle)
-
-
-def _member(name, address, member_id):
-    return machine_pb2.EtcdMember(id=member_id, hostname=name, peer_urls=[f"https://{address}:2380"],
-                                  client_urls=[f"https://{address}:2379"])
 
 
 @pytest.fixture
@@ -36,19 +20,9 @@ def cluster(bundle):
     """Stack order on purpose not roll order: a worker first, then two control planes."""
     layout = [("worker-1", "10.5.0.11", "worker"), ("cp-1", "10.5.0.1", "controlplane"),
               ("cp-2", "10.5.0.2", "controlplane")]
-    members = [_member(name, address, 0x100 + i) for i, (name, address, role) in enumerate(layout)
-               if role == "controlplane"]
-    nodes, fakes = [], {}
-    for name, address, role in layout:
-        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=0.3, version_tag=OLD)
-        fake.etcd_members = list(members) if role == "controlplane" else []
-        if role == "worker":
-            fake.services = [s for s in fake.services if s.id != "etcd"]
-        fakes[name] = fake
-        nodes.append(RollNode(name=name, address=address, role=role, endpoint=fake.endpoint))
-    yield nodes, fakes
-    for fake in fakes.values():
-        fake.stop()
+    nodes, fakes = stand_in_cluster(bundle, layout, version_tag=OLD)
+    yield list(nodes.values()), fakes
+    stop_all(fakes)
 
 
 def _client(credentials, node):

@@ -1,0 +1,70 @@
+"""Shared by the day-two tests: stand-in Talos nodes laid out as a small cluster, and recording mocks."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pulumi
+import pytest
+
+from providers.rolling import RollNode
+from providers.talos_api.generated.machine import machine_pb2
+from providers.talos_api.retry import Backoff
+from tests.mocked_program import RecordingMonitor
+from tests import seed_cluster as seed
+from tests.talos_api_server import FakeTalosNode, client_credentials
+
+FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
+
+
+# Fixtures for test modules that import them.
+@pytest.fixture(scope="module")
+def bundle():
+    return seed.shared_bundle()
+
+
+@pytest.fixture(scope="module")
+def credentials(bundle):
+    return client_credentials(bundle)
+
+
+def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", downtime: float = 0.3,
+                     member_ids: dict | None = None) -> tuple[dict, dict]:
+    """(RollNode by name, FakeTalosNode by name) for layout [(name, address, role)]. Every control
+    plane lists every control plane as an etcd member (URLs on its address); workers run no etcd."""
+    member_ids = member_ids or {}
+    members = [machine_pb2.EtcdMember(id=member_ids.get(name, 0x100 + i), hostname=name,
+                                      peer_urls=[f"https://{address}:2380"], client_urls=[f"https://{address}:2379"])
+               for i, (name, address, role) in enumerate(layout) if role == "controlplane"]
+    nodes, fakes = {}, {}
+    for name, address, role in layout:
+        fake = FakeTalosNode(bundle, mode="configured", hostname=name, install_downtime=downtime,
+                             version_tag=version_tag)
+        fake.etcd_members = list(members) if role == "controlplane" else []
+        if role == "worker":
+            fake.services = [s for s in fake.services if s.id != "etcd"]
+        fakes[name] = fake
+        nodes[name] = RollNode(name=name, address=address, role=role, endpoint=fake.endpoint)
+    return nodes, fakes
+
+
+def stop_all(fakes: dict) -> None:
+    for fake in fakes.values():
+        fake.stop()
+
+
+def recording_mocks(outputs: Callable[[pulumi.runtime.MockResourceArgs], dict]) -> RecordingMonitor:
+    """Install Pulumi mocks whose resources answer `outputs(args)`; returns the monitor that records
+    each registration's options (additional_secret_outputs, dependencies)."""
+
+    class Mocks(pulumi.runtime.Mocks):
+        def new_resource(self, args):
+            return f"{args.name}-id", outputs(args)
+
+        def call(self, args):
+            return {}
+
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
+    return monitor
