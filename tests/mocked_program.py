@@ -57,7 +57,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         outputs = dict(args.inputs)
         outputs.pop(PROVIDER_KEY, None)
         if args.typ == "proxmoxve:download/file:File":
-            file_id = f"{args.inputs.get('datastore_id')}:iso/{args.inputs.get('file_name')}"
+            file_id = f"{args.inputs.get('datastoreId')}:iso/{args.inputs.get('fileName')}"
             return file_id, outputs
         if args.typ.startswith("pulumi-python:dynamic") and set(SCHEMATIC_INPUTS) <= set(outputs):
             # The Schematic provider's create computes its outputs locally; do the same here.

@@ -1,0 +1,182 @@
+"""The whole program (`__main__.py`) under Pulumi mocks, for the seed's test-cluster stack."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from components.render import image_facts, machine_config_inputs
+from providers.settings import SettingsError, load_settings
+from tests.mocked_program import ProgramRun, Registration, run_program, stack_config
+
+VM = "proxmoxve:index/vmLegacy:VmLegacy"
+ISO = "proxmoxve:download/file:File"
+DYNAMIC = "pulumi-python:dynamic:Resource"
+SEED_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
+SEED_ISO_URL = f"https://factory.talos.dev/image/{SEED_ID}/v1.13.7/metal-amd64.iso"
+NODES = stack_config("test-cluster")["nodes"]
+
+
+@pytest.fixture(scope="module")
+def run() -> ProgramRun:
+    return run_program(stack_config("test-cluster"))
+
+
+def by_urn(run: ProgramRun) -> dict[str, Registration]:
+    return {r.urn: r for r in run.registrations}
+
+
+def dynamic(run: ProgramRun, name: str) -> Registration:
+    return run.one(DYNAMIC, name)
+
+
+def test_nine_vms_with_the_seeds_cpu_memory_disks_and_macs(run):
+    vms = {r.name: r.inputs for r in run.of_type(VM)}
+    assert sorted(vms) == sorted(n["name"] for n in NODES)
+    for node in NODES:
+        vm = vms[node["name"]]
+        assert vm["vmId"] == node["vmId"]
+        assert vm["nodeName"] == "pve"
+        assert (vm["cpu"]["cores"], vm["cpu"]["type"]) == (node["cpu"], "host")
+        assert vm["memory"]["dedicated"] == node["memory"]
+        disks = [(d["interface"], d["datastoreId"], d["size"]) for d in vm["disks"]]
+        expected = [("scsi0", "local-lvm", node["disk"])]
+        if "dataDisk" in node:
+            expected.append(("scsi1", "local-lvm", node["dataDisk"]["size"]))
+        assert disks == expected
+        assert vm["networkDevices"] == [{"bridge": "vmbr0", "macAddress": node["mac"], "model": "virtio"}]
+        assert vm["bootOrders"] == ["scsi0", "ide2"]
+        assert vm["agent"]["enabled"] is True
+        assert vm["operatingSystem"] == {"type": "l26"}
+    assert sum(len(v["disks"]) == 2 for v in vms.values()) == 3
+
+
+def test_one_iso_download_from_the_factory_and_every_vm_boots_it(run):
+    [iso] = run.of_type(ISO)
+    assert iso.inputs["contentType"] == "iso"
+    assert (iso.inputs["datastoreId"], iso.inputs["nodeName"]) == ("local", "pve")
+    assert iso.inputs["url"] == SEED_ISO_URL
+    file_id = f"local:iso/{iso.inputs['fileName']}"
+    assert {r.inputs["cdrom"]["fileId"] for r in run.of_type(VM)} == {file_id}
+    assert all(iso.urn in r.dependencies for r in run.of_type(VM))
+
+
+def test_nine_machine_configs_rendered_from_the_same_inputs_as_the_render_command(run):
+    settings = load_settings(stack_config("test-cluster"))
+    installer = image_facts(settings).installer_image
+    configs = run.named("machineconfig-", DYNAMIC)
+    assert len(configs) == 9
+    for node in settings.nodes:
+        inputs = dynamic(run, f"machineconfig-{node.name}").inputs
+        expected = machine_config_inputs(settings, node, installer)
+        assert {k: inputs[k] for k in expected} == expected
+
+
+def test_nine_applies_each_after_its_own_vm_and_config(run):
+    urns = by_urn(run)
+    applies = run.named("apply-", DYNAMIC)
+    assert len(applies) == 9
+    for node in NODES:
+        apply = dynamic(run, f"apply-{node['name']}")
+        assert apply.inputs["node"] == node["ip"]
+        assert apply.inputs["mode"] == "auto"
+        deps = {(urns[u].type, urns[u].name) for u in apply.dependencies}
+        assert (VM, node["name"]) in deps
+        assert (DYNAMIC, f"machineconfig-{node['name']}") in deps
+        # Another node's VM is no reason to wait.
+        assert not {name for t, name in deps if t == VM} - {node["name"]}
+
+
+def test_one_bootstrap_on_node_201_after_its_apply_then_kubeconfig_then_addons(run):
+    urns = by_urn(run)
+    [bootstrap] = run.named("bootstrap", DYNAMIC)
+    assert bootstrap.inputs["node"] == "10.255.200.201"
+    assert dynamic(run, "apply-master-1").urn in bootstrap.dependencies
+    [kubeconfig] = run.named("kubeconfig", DYNAMIC)
+    assert kubeconfig.inputs["node"] == "10.255.200.201"
+    assert bootstrap.urn in kubeconfig.dependencies
+    assert "kubeconfig" in kubeconfig.additional_secret_outputs
+    [provider] = run.of_type("pulumi:providers:kubernetes")
+    assert kubeconfig.urn in provider.dependencies
+    releases = run.of_type("kubernetes:helm.sh/v3:Release")
+    assert sorted(r.name for r in releases) == ["cilium", "talos-ccm"]
+    for release in releases:
+        assert {bootstrap.urn, kubeconfig.urn} <= set(release.dependencies)
+        assert urns[release.parent].type == "talos-proxmox:index:ClusterAddons"
+
+
+def test_secrets_are_protected_and_secret_outputs_are_marked_secret(run):
+    secrets = dynamic(run, "secrets")
+    assert secrets.protect is True
+    assert {"bundle", "secrets_yaml"} <= set(secrets.additional_secret_outputs)
+    assert "talosconfig" in dynamic(run, "talosconfig").additional_secret_outputs
+    assert all("machine_configuration" in r.additional_secret_outputs for r in run.named("machineconfig-", DYNAMIC))
+    assert {"talosconfig", "kubeconfig"} <= run.secret_exports
+    assert not {"endpoint", "nodeIps", "schematicId", "installerImage"} & run.secret_exports
+
+
+def test_exports(run):
+    assert run.exports["endpoint"] == "https://10.255.200.201:6443"
+    assert run.exports["nodeIps"] == {n["name"]: n["ip"] for n in NODES}
+    assert run.exports["schematicId"] == SEED_ID
+    assert run.exports["installerImage"] == f"factory.talos.dev/installer/{SEED_ID}:v1.13.7"
+
+
+def test_preview_reads_as_a_tree_under_the_cluster(run):
+    urns = by_urn(run)
+    [cluster] = run.of_type("talos-proxmox:index:TalosCluster")
+    assert cluster.parent.endswith("pulumi:pulumi:Stack::talos-proxmox-test-cluster")
+    for vm in run.of_type(VM):
+        node = urns[vm.parent]
+        assert (node.type, node.name) == ("talos-proxmox:index:TalosNode", vm.name)
+        assert node.parent == cluster.urn
+    for name in ("secrets", "talosconfig", "bootstrap", "kubeconfig"):
+        assert dynamic(run, name).parent == cluster.urn
+    [iso] = run.of_type(ISO)
+    assert urns[iso.parent].type == "talos-proxmox:index:TalosImage"
+    assert urns[iso.parent].parent == cluster.urn
+
+
+def test_changing_one_workers_memory_changes_only_that_vm(run):
+    config = stack_config("test-cluster")
+    config["nodes"][4]["memory"] = 8192  # worker-2
+    changed = run_program(config)
+    before, after = by_urn(run), by_urn(changed)
+    assert before.keys() == after.keys()
+    differing = [urn for urn in before if before[urn].inputs != after[urn].inputs]
+    assert [(after[u].type, after[u].name) for u in differing] == [(VM, "worker-2")]
+    assert after[differing[0]].inputs["memory"]["dedicated"] == 8192
+
+
+def test_removing_a_worker_removes_only_its_resources(run):
+    config = stack_config("test-cluster")
+    config["nodes"] = [n for n in config["nodes"] if n["name"] != "worker-6"]
+    smaller = run_program(config)
+    before, after = by_urn(run), by_urn(smaller)
+    gone = {(before[u].type, before[u].name) for u in before.keys() - after.keys()}
+    assert gone == {("talos-proxmox:index:TalosNode", "worker-6"), (VM, "worker-6"),
+                    (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6")}
+    assert not after.keys() - before.keys()
+    # Other nodes' VMs, configs and applies are untouched (the health wait counts nodes, so it changes).
+    changed = {after[u].name for u in after if after[u].inputs != before[u].inputs}
+    assert changed <= {"talosconfig", "health"}
+
+
+def test_bad_stack_registers_nothing_and_raises_the_settings_error():
+    config = copy.deepcopy(stack_config("test-cluster"))
+    config["nodes"][1]["ip"] = "10.255.200.201"
+    config["nodes"][7]["mac"] = "not-a-mac"
+    with pytest.raises(SettingsError) as caught:
+        run_program(config)
+    message = str(caught.value)
+    assert "talos-proxmox:nodes[1].ip: '10.255.200.201' duplicates nodes[0].ip (expected unique values)" in message
+    assert "talos-proxmox:nodes[7].mac: 'not-a-mac' is not a MAC address" in message
+    assert caught.value.program_run.registrations == []
+
+
+def test_settings_warnings_reach_pulumi_log():
+    config = stack_config("test-cluster")
+    config["nodes"] = [n for n in config["nodes"] if n["name"] != "master-3"]
+    run = run_program(config)
+    assert any("2 control-plane nodes is an even number" in w for w in run.warnings)
