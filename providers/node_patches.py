@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from providers.settings import NodeSettings, Settings
-from providers.talos_secrets import parse_contract
 
 # What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).
 CCM_KUBELET_ARGS = {"cloud-provider": "external", "rotate-server-certificates": "true"}
@@ -84,16 +83,13 @@ def node_network_patch(node: NodeSettings, vip: str | None) -> dict:
     return {"machine": {"network": {"interfaces": [interface], "nameservers": list(node.nameservers)}}}
 
 
-def hostname_patch(node: NodeSettings, talos_version: str) -> dict:
+def hostname_patch(node: NodeSettings) -> dict:
     """The stack's node name as hostname, so `kubectl get nodes` shows the names the stack uses.
 
-    From v1.12 the hostname lives in a HostnameConfig document, which `gen config` writes with
+    Since v1.12 the hostname lives in a HostnameConfig document, which `gen config` writes with
     `auto: stable`; Talos refuses `auto` and `hostname` together, so the patch drops `auto`.
     """
-    if parse_contract(talos_version) >= (1, 12):
-        return {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"},
-                "hostname": node.name}
-    return {"machine": {"network": {"hostname": node.name}}}
+    return {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"}, "hostname": node.name}
 
 
 def node_storage_patch(node: NodeSettings) -> dict | None:
@@ -123,7 +119,7 @@ def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -
     if settings.ccm.enabled:
         patches.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
     patches.append(node_network_patch(node, settings.cluster.vip))
-    patches.append(hostname_patch(node, settings.cluster.talos_version))
+    patches.append(hostname_patch(node))
     storage = node_storage_patch(node)
     if storage is not None:
         patches.append(storage)

@@ -303,7 +303,12 @@ def _version(v: Any) -> str:
 
 
 def _talos_version(v: Any) -> str:
+    from providers.machine_config import SUPPORTED_CONTRACTS
+
     v = _version(v)
+    major, minor = (int(x) for x in v.lstrip("v").split(".")[:2])
+    if (major, minor) not in SUPPORTED_CONTRACTS:
+        raise ValueError
     return v if v.startswith("v") else f"v{v}"
 
 
@@ -441,7 +446,8 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
                          default=None),
         vip=r.value(s, "vip", "cluster.vip", _ip, "is not an IP address", default=None),
         talos_version=r.value(s, "talosVersion", "cluster.talosVersion", _talos_version,
-                              "is not a Talos version (expected e.g. v1.13.7)", default=DEFAULT_TALOS_VERSION),
+                              "is not a supported Talos version (expected v1.12.x or v1.13.x, e.g. v1.13.7)",
+                              default=DEFAULT_TALOS_VERSION),
         kubernetes_version=r.value(s, "kubernetesVersion", "cluster.kubernetesVersion", _version,
                                    "is not a Kubernetes version (expected e.g. 1.35.0)", default=None),
         pod_subnets=r.value(s, "podSubnets", "cluster.podSubnets", _cidr_list,
@@ -703,16 +709,11 @@ def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings]) -> N
             cluster["endpoint"] = f"https://{host}:6443"
 
 
-def _default_kubernetes_version(r: _Reader, cluster: dict) -> None:
+def _default_kubernetes_version(cluster: dict) -> None:
     talos = cluster["talos_version"]
     if cluster["kubernetes_version"] is not None or talos is None:
         return
-    line = ".".join(talos.split(".")[:2])
-    if line in DEFAULT_KUBERNETES_VERSIONS:
-        cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[line]
-    else:
-        r.fail("cluster.kubernetesVersion", None,
-               f"is required for Talos {talos} (expected e.g. {DEFAULT_KUBERNETES_VERSIONS['v1.13']})")
+    cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[".".join(talos.split(".")[:2])]
 
 
 def load_settings(raw: Mapping[str, Any]) -> Settings:
@@ -722,7 +723,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
         if raw[unknown] is not None:
             r.fail(unknown, "...", f"is not a known key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
     cluster = _read_cluster(r, raw.get("cluster"))
-    _default_kubernetes_version(r, cluster)
+    _default_kubernetes_version(cluster)
     network = _read_network(r, raw.get("network"))
     proxmox = _read_proxmox(r, raw.get("proxmox"))
     image = _read_image(r, raw.get("image"))

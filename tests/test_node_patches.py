@@ -146,11 +146,3 @@ def test_ccm_node_ipam_turns_off_the_controller_managers_own_allocator_on_contro
         "controllerManager": {"extraArgs": {"controllers": "*,tokencleaner,-node-ipam-controller"}}}
     assert "cluster" not in patches["worker-2"][3]
     assert "cluster" not in by_node(settings())["master-2"][3]
-
-
-def test_hostname_before_v1_12_goes_into_the_v1alpha1_document():
-    raw = stack_file_config(str(STACKS / "Pulumi.dev.yaml"))
-    raw["cluster"]["talosVersion"] = "v1.11.5"
-    raw["cluster"]["kubernetesVersion"] = "1.34.1"
-    s = load_settings(raw)
-    assert {"machine": {"network": {"hostname": "dev-cp-1"}}} in node_patches(s, s.nodes[0], INSTALLER)

@@ -49,12 +49,6 @@ def test_kubernetes_version_defaults_to_what_talosctl_of_that_line_picks():
     assert load_settings(raw).cluster.kubernetes_version == "1.35.0"
     raw["cluster"]["kubernetesVersion"] = "1.34.1"
     assert load_settings(raw).cluster.kubernetes_version == "1.34.1"
-    raw["cluster"] = {k: v for k, v in raw["cluster"].items() if k != "kubernetesVersion"}
-    raw["cluster"]["talosVersion"] = "v1.14.0"
-    with pytest.raises(SettingsError) as err:
-        load_settings(raw)
-    assert err.value.problems == [
-        "talos-proxmox:cluster.kubernetesVersion: None is required for Talos v1.14.0 (expected e.g. 1.36.2)"]
 
 
 def test_dev_stack_derives_endpoint_from_vip():
@@ -162,7 +156,11 @@ BAD_INPUTS = [
     ("cluster.serviceSubnets", ["10.96.0.1/12"],
      "talos-proxmox:cluster.serviceSubnets: ['10.96.0.1/12'] is not a non-empty list of CIDRs"),
     ("cluster.talosVersion", "latest",
-     "talos-proxmox:cluster.talosVersion: 'latest' is not a Talos version (expected e.g. v1.13.7)"),
+     "talos-proxmox:cluster.talosVersion: 'latest' is not a supported Talos version (expected v1.12.x or v1.13.x, "
+     "e.g. v1.13.7)"),
+    ("cluster.talosVersion", "v1.11.5",
+     "talos-proxmox:cluster.talosVersion: 'v1.11.5' is not a supported Talos version (expected v1.12.x or v1.13.x, "
+     "e.g. v1.13.7)"),
     ("cluster.name", "Test_Cluster",
      "talos-proxmox:cluster.name: 'Test_Cluster' is not a cluster name (expected lowercase letters, digits and '-', "
      "at most 63)"),
