@@ -59,11 +59,13 @@ def machine_config_inputs(settings: Settings, node: NodeSettings, installer_imag
 
 
 def talosconfig_inputs(settings: Settings) -> dict[str, Any]:
-    """talosctl context: control planes as endpoints (apid forwards to the rest), every node as a target."""
+    """talosctl context: control planes as endpoints (apid forwards to the rest), the bootstrap node as the
+    default target. Workers are left out so that adding or removing one changes neither the talosconfig
+    nor what is fetched with it (kubeconfig); `talosctl -n <ip>` reaches any node."""
     return dict(
         context=settings.cluster.name,
         endpoints=[n.ip for n in settings.control_planes],
-        nodes=[n.ip for n in settings.nodes],
+        nodes=[settings.bootstrap_node.ip],
     )
 
 

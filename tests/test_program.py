@@ -158,9 +158,9 @@ def test_removing_a_worker_removes_only_its_resources(run):
     assert gone == {("talos-proxmox:index:TalosNode", "worker-6"), (VM, "worker-6"),
                     (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6")}
     assert not after.keys() - before.keys()
-    # Other nodes' VMs, configs and applies are untouched (the health wait counts nodes, so it changes).
-    changed = {after[u].name for u in after if after[u].inputs != before[u].inputs}
-    assert changed <= {"talosconfig", "health"}
+    # Everything else is untouched, the talosconfig included; only the health wait counts nodes.
+    changed = {(after[u].type, after[u].name) for u in after if after[u].inputs != before[u].inputs}
+    assert changed == {(DYNAMIC, "health")}
 
 
 def test_bad_stack_registers_nothing_and_raises_the_settings_error():

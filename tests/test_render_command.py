@@ -76,6 +76,7 @@ def test_configs_are_signed_by_the_written_bundle_and_talosconfig_targets_the_cl
     context = config["contexts"][config["context"]]
     assert config["context"] == "test-cluster"
     assert context["endpoints"] == ["10.255.200.201", "10.255.200.202", "10.255.200.203"]
+    assert context["nodes"] == ["10.255.200.201"]
     pki.verify_issued_by(pki.pem_from_b64(context["crt"]), pki.pem_from_b64(bundle["certs"]["os"]["crt"]))
 
 
