@@ -20,17 +20,21 @@ before the VM is destroyed.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import pulumi
 import pulumi.dynamic as dynamic
 
 from providers import node_removal, rolling
 from providers.talos_api import operations
+from providers.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = 1200.0  # a Talos upgrade drains, installs and reboots
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
-          "peers", "timeout_seconds", "reset_on_delete", "talosconfig")
+          "timeout_seconds", "reset_on_delete", "talosconfig")
+# The talosconfig's endpoints and nodes change whenever a node is added; only its credentials matter
+# here, so adding a node leaves every other node's NodeLifecycle unchanged.
+_COMPARED_AS_IS = tuple(key for key in INPUTS if key != "talosconfig")
 
 
 def _node(props: dict[str, Any]) -> rolling.RollNode:
@@ -39,8 +43,19 @@ def _node(props: dict[str, Any]) -> rolling.RollNode:
 
 
 def _peers(props: dict[str, Any]) -> list[rolling.RollNode]:
-    return [rolling.RollNode(name=p["name"], address=p["address"], role="controlplane",
-                             endpoint=p.get("endpoint") or None) for p in props.get("peers") or []]
+    """The other control planes: the talosconfig's endpoints (the cluster's control planes), minus this node."""
+    node = _node(props)
+    endpoints = read_talosconfig(props["talosconfig"]).endpoints
+    return [rolling.RollNode(name=endpoint, address=split_endpoint(endpoint)[0], role="controlplane",
+                             endpoint=endpoint)
+            for endpoint in endpoints if endpoint != node.dial and split_endpoint(endpoint)[0] != node.address]
+
+
+def _credentials(talosconfig) -> Any:
+    try:
+        return read_talosconfig(talosconfig).credentials
+    except (ValueError, TypeError):
+        return talosconfig
 
 
 def _timeout(props: dict[str, Any]) -> float:
@@ -91,7 +106,9 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         # Never a replacement: replacing would reset a node that only changed its address.
-        changed = [key for key in INPUTS if olds.get(key) != news.get(key)]
+        changed = [key for key in _COMPARED_AS_IS if olds.get(key) != news.get(key)]
+        if _credentials(olds.get("talosconfig")) != _credentials(news.get("talosconfig")):
+            changed.append("talosconfig")
         return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
@@ -109,16 +126,16 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         node_removal.remove_node(
             _node(props), lambda node: rolling.client_for(node, talosconfig), _peers(props),
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
-            backoff=rolling.DEFAULT_BACKOFF)
+            reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF)
 
 
 class NodeLifecycle(dynamic.Resource):
     """A node's upgrades (Talos installer image, Kubernetes version) and its removal from the cluster.
 
     Wire it with depends_on=[the node's VM, the previous node's NodeLifecycle in roll order], and
-    make the node's ConfigurationApply depend on it (see the module docstring). `peers` are the
-    other control planes ({name, address, endpoint?}), used to remove this node's etcd member when
-    it cannot leave by itself.
+    make the node's ConfigurationApply depend on it (see the module docstring). The talosconfig's
+    endpoints (the control planes) are where this node's etcd member is removed from when it
+    cannot leave by itself.
     """
 
     node_name: pulumi.Output[str]
@@ -130,13 +147,12 @@ class NodeLifecycle(dynamic.Resource):
                  installer_image: pulumi.Input[str], talos_version: pulumi.Input[str],
                  kubernetes_version: pulumi.Input[Optional[str]], machine_configuration: pulumi.Input[str],
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
-                 peers: pulumi.Input[Sequence[dict]] = (), timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  reset_on_delete: bool = True, opts: Optional[pulumi.ResourceOptions] = None):
         props = {
             "node_name": node_name, "address": address, "endpoint": endpoint, "role": role,
             "installer_image": installer_image, "talos_version": talos_version,
             "kubernetes_version": kubernetes_version,
-            "peers": list(peers) if isinstance(peers, (list, tuple)) else peers,
             "timeout_seconds": timeout_seconds, "reset_on_delete": reset_on_delete,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),

@@ -3,12 +3,14 @@ Kubernetes updates, removal on delete; and its wiring under Pulumi mocks."""
 
 import grpc
 import pytest
+import yaml
 
 from providers import node_lifecycle, rolling
 from providers.node_lifecycle import NodeLifecycleProvider
 from providers.rolling import RollError, RollNode, roll_predecessors
 from providers.talos_api import operations
 from providers.talos_api.generated.machine import machine_pb2
+from providers import talos_secrets
 from providers.talos_client import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
 from tests.day_two import FAST, bundle, stand_in_cluster, stop_all  # noqa: F401 - fixture
@@ -26,7 +28,7 @@ def fast_backoff(monkeypatch):
 def pair(bundle):
     nodes, fakes = stand_in_cluster(bundle, [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane")],
                                     version_tag=OLD, downtime=0.2)
-    yield fakes, make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint])
+    yield fakes, make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint, fakes["cp-2"].endpoint])
     stop_all(fakes)
 
 
@@ -34,8 +36,7 @@ def _props(fakes, talosconfig, **changes):
     props = {
         "node_name": "cp-1", "address": "10.5.0.1", "endpoint": fakes["cp-1"].endpoint, "role": "controlplane",
         "installer_image": f"factory.talos.dev/installer/{seed.SCHEMATIC}:{OLD}", "talos_version": OLD,
-        "kubernetes_version": "1.34.1", "peers": [{"name": "cp-2", "address": "10.5.0.2",
-                                                   "endpoint": fakes["cp-2"].endpoint}],
+        "kubernetes_version": "1.34.1",
         "timeout_seconds": 10, "reset_on_delete": True, "talosconfig": talosconfig,
         "machine_configuration": "version: v1alpha1\nmachine:\n  type: controlplane\n",
     }
@@ -60,6 +61,20 @@ def test_diff_never_replaces_and_ignores_configuration_only_changes(pair):
     moved = provider.diff("id", olds, _props(fakes, talosconfig, address="10.5.0.9",
                                              installer_image="installer:" + NEW, talos_version=NEW))
     assert moved.changes is True and moved.replaces == []
+
+
+def test_adding_a_node_changes_only_the_talosconfig_endpoints_which_is_no_change_here(pair, bundle):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    document = yaml.safe_load(talosconfig)
+    document["contexts"]["test"]["endpoints"].append("10.5.0.3")
+    document["contexts"]["test"]["nodes"] = ["10.5.0.3"]
+    more_endpoints = yaml.safe_dump(document)
+    assert provider.diff("id", olds, _props(fakes, more_endpoints)).changes is False
+    other_cluster = make_talosconfig(talos_secrets.generate_secrets(seed.TALOS_VERSION), "test",
+                                     [fakes["cp-1"].endpoint])
+    assert provider.diff("id", olds, _props(fakes, other_cluster)).changes is True
 
 
 def test_installer_image_change_upgrades_the_node_and_waits_for_it(pair):
@@ -109,6 +124,17 @@ def test_delete_leaves_etcd_then_resets(pair):
     rpcs = [c.rpc for c in fakes["cp-1"].calls if c.rpc in ("EtcdLeaveCluster", "Reset")]
     assert rpcs == ["EtcdLeaveCluster", "Reset"]
     assert fakes["cp-2"].calls_for("EtcdRemoveMemberByID") == []
+
+
+def test_delete_of_an_unreachable_control_plane_removes_it_through_a_talosconfig_endpoint(pair):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    outs = provider.create(_props(fakes, talosconfig, timeout_seconds=2))
+    fakes["cp-1"].go_down()
+    provider.delete("id", outs.outs)
+    (removal,) = fakes["cp-2"].calls_for("EtcdRemoveMemberByID")
+    assert removal.request.member_id == 0x100  # cp-1's member, found by its address
+    assert fakes["cp-1"].calls_for("Reset") == []
 
 
 def test_roll_predecessors_chain_control_planes_first():
