@@ -1,8 +1,8 @@
 """The seed walkthrough's nine-node test cluster as patch inputs (talos-proxmox-cilium-walkthrough).
 
 3 control planes 10.255.200.201-203, workers .204-.209 of which .204-.206 have the /dev/sdb data
-disk. The seed shows only master-1's MAC (bc:24:11:80:a1:9b); the others are made up in the same
-Proxmox prefix. Shared by the machine-config and provider tests and by bench/render_configs.py.
+disk. The seed shows only master-1's MAC (bc:24:11:80:a1:9b); the others follow it, as the
+test-cluster stack sets them. Shared by the machine-config and provider tests and by bench/render_configs.py.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def nodes() -> list[dict]:
         ip = f"10.255.200.{201 + index}"
         role = "controlplane" if index < 3 else "worker"
         name = f"master-{index + 1}" if index < 3 else f"worker-{index - 2}"
-        mac = "bc:24:11:80:a1:9b" if index == 0 else f"bc:24:11:80:a1:{0xa0 + index:02x}"
+        mac = f"bc:24:11:80:a1:{0x9b + index:02x}"  # as in stacks/Pulumi.test-cluster.yaml
         result.append({"name": name, "role": role, "ip": ip, "mac": mac, "data_disk": 3 <= index <= 5})
     return result
 

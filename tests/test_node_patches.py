@@ -2,71 +2,16 @@
 
 from pathlib import Path
 
+import pytest
 import yaml
 
-from providers.node_patches import node_patches
+from providers.machine_config import render
+from providers.node_patches import hostname_patch, node_patches
 from providers.settings import load_settings, stack_file_config
+from tests import seed_cluster
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
-INSTALLER = "factory.talos.dev/installer/e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885:v1.13.7"
-
-# The seed's hand-written patches, verbatim.
-SEED_INSTALL = yaml.safe_load(f"""
-machine:
-  install:
-    disk: /dev/sda
-    image: {INSTALLER}
-""")
-SEED_NET_MASTER_1 = yaml.safe_load("""
-machine:
-  network:
-    interfaces:
-      - deviceSelector:
-          hardwareAddr: "bc:24:11:80:a1:9b"
-        addresses:
-          - 10.255.200.201/24
-        routes:
-          - network: 0.0.0.0/0
-            gateway: 10.255.200.1
-        dhcp: false
-    nameservers:
-      - 9.9.9.9
-""")
-SEED_ROLE_COMMON = yaml.safe_load("""
-machine:
-  network:
-    kubespan:
-      enabled: true
-      mtu: 1420
-      advertiseKubernetesNetworks: false
-cluster:
-  discovery:
-    enabled: true
-  network:
-    cni:
-      name: none
-  proxy:
-    disabled: true
-""")
-SEED_WORKER_DISK_EXTRA = yaml.safe_load("""
-machine:
-  kernel:
-    modules:
-      - name: iscsi_tcp
-  disks:
-    - device: /dev/sdb
-      partitions:
-        - mountpoint: /var/lib/longhorn
-  kubelet:
-    extraMounts:
-      - destination: /var/lib/longhorn
-        type: bind
-        source: /var/lib/longhorn
-        options:
-          - bind
-          - rshared
-          - rw
-""")
+INSTALLER = seed_cluster.INSTALLER
 
 
 def settings(name="test-cluster", **changes):
@@ -83,15 +28,29 @@ def by_node(s):
 def test_seed_patches_for_master_1_and_a_data_disk_worker():
     patches = by_node(settings(ccm={"enabled": False}))
     master = patches["master-1"]
-    assert master[0] == SEED_INSTALL
-    assert master[2] == SEED_ROLE_COMMON
-    assert master[3] == SEED_NET_MASTER_1
+    assert master[0] == yaml.safe_load(seed_cluster.PATCH_INSTALL)
+    assert master[2] == yaml.safe_load(seed_cluster.PATCH_CONTROLPLANE)
+    assert master[3] == yaml.safe_load(seed_cluster.network_patch("bc:24:11:80:a1:9b", "10.255.200.201"))
     assert master[4] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"},
                          "hostname": "master-1"}
     assert len(master) == 5
     worker = patches["worker-1"]
-    assert worker[2] == SEED_ROLE_COMMON and worker[5] == SEED_WORKER_DISK_EXTRA
+    assert yaml.safe_load(seed_cluster.PATCH_WORKER_WITH_DISK) == {
+        "machine": {**worker[5]["machine"], **worker[2]["machine"]}, "cluster": worker[2]["cluster"]}
     assert len(patches["worker-4"]) == 5  # no disk, no modules: nothing beyond the common set
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_stack_renders_exactly_what_the_seeds_hand_patches_render(index):
+    """From the stack file to the final machine config, the seed's nine nodes come out as by hand."""
+    s = settings(ccm={"enabled": False})
+    node, seed_node = s.nodes[index], seed_cluster.nodes()[index]
+    assert (node.name, node.ip, node.mac) == (seed_node["name"], seed_node["ip"], seed_node["mac"])
+    bundle = seed_cluster.shared_bundle()
+    common = (bundle, s.cluster.name, s.cluster.endpoint, node.role, s.cluster.talos_version,
+              s.cluster.kubernetes_version)
+    by_hand = seed_cluster.node_patches(seed_node) + [hostname_patch(node)]
+    assert render(*common, node_patches(s, node, INSTALLER)) == render(*common, by_hand)
 
 
 def test_cluster_network_is_replaced_not_appended():
