@@ -19,6 +19,7 @@ from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
 from components.render import image_facts, talosconfig_inputs
+from providers.rolling import RollNode, roll_order
 from providers.settings import Settings
 from providers.talos_api.resources import Bootstrap, Kubeconfig
 from providers.dynamic_talos import MachineSecrets, Talosconfig
@@ -48,17 +49,22 @@ class TalosCluster(pulumi.ComponentResource):
         self.talosconfig_resource = Talosconfig(
             "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
 
-        # Keyed by node name: removing a node from the stack removes only its resources.
-        self.nodes: dict[str, TalosNode] = {
-            node.name: TalosNode(
+        # Keyed by node name: removing a node from the stack removes only its resources. Made in roll
+        # order (control planes first) so each node's lifecycle can follow the one before it.
+        by_name = {node.name: node for node in settings.nodes}
+        self.nodes: dict[str, TalosNode] = {}
+        previous = None
+        for rolled in roll_order(RollNode(n.name, n.ip, n.role) for n in settings.nodes):
+            node = by_name[rolled.name]
+            self.nodes[node.name] = TalosNode(
                 node.name, settings, node,
                 iso_file_id=self.image.iso_file_id,
                 installer_image=facts.installer_image,
                 secrets=self.secrets.bundle,
                 talosconfig=self.talosconfig_resource.talosconfig,
+                previous_lifecycle=previous,
                 opts=child)
-            for node in settings.nodes
-        }
+            previous = self.nodes[node.name].lifecycle
 
         first = settings.bootstrap_node
         self.bootstrap = Bootstrap(

@@ -13,6 +13,8 @@ import pulumi_proxmoxve as proxmoxve
 
 from components.render import machine_config_inputs
 from providers.dynamic_talos import MachineConfiguration
+from providers.node_lifecycle import NodeLifecycle
+from providers.node_lifecycle import NodeLifecycle
 from providers.settings import NodeSettings, Settings
 from providers.talos_api.resources import ConfigurationApply
 
@@ -68,9 +70,12 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
 
 
 class TalosNode(pulumi.ComponentResource):
-    """A Proxmox VM booted from the factory ISO, its machine configuration and its first apply.
+    """A Proxmox VM booted from the factory ISO, its machine configuration, its day-two lifecycle
+    (upgrades, leave + reset on removal) and the apply that sends the configuration.
 
-    Outputs: `vm`, `machine_configuration` (the dynamic resource), `apply`.
+    `previous` is the node before this one in roll order (control planes first): its lifecycle must
+    finish before this node's, so upgrades run one node at a time. Parts: `vm`,
+    `machine_configuration`, `lifecycle`, `apply`.
     """
 
     def __init__(
@@ -80,36 +85,38 @@ class TalosNode(pulumi.ComponentResource):
         node: NodeSettings,
         *,
         iso_file_id: pulumi.Input[str],
-        installer_image: pulumi.Input[str],
+        installer_image: str,
         secrets: pulumi.Input[dict],
         talosconfig: pulumi.Input[str],
-        depends_on: Optional[Sequence[pulumi.Resource]] = None,
+        previous: Optional["TalosNode"] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("talos-proxmox:index:TalosNode", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        c = settings.cluster
 
         self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id), opts=child)
 
-        config_inputs = pulumi.Output.from_input(installer_image).apply(
-            lambda image: machine_config_inputs(settings, node, image))
-        self.machine_configuration = MachineConfiguration(
-            f"machineconfig-{name}",
-            secrets=secrets,
-            cluster_name=config_inputs["cluster_name"],
-            endpoint=config_inputs["endpoint"],
-            role=config_inputs["role"],
-            talos_version=config_inputs["talos_version"],
-            kubernetes_version=config_inputs["kubernetes_version"],
-            patches=config_inputs["patches"],
-            opts=child,
-        )
-        # The VM must exist (and boot the ISO) before anything can be sent to its Talos API.
+        inputs = machine_config_inputs(settings, node, installer_image)
+        self.machine_configuration = MachineConfiguration(f"machineconfig-{name}", secrets=secrets, **inputs,
+                                                          opts=child)
+
+        # Depends on the VM, so a removed node leaves etcd and is reset before its VM is destroyed.
+        self.lifecycle = NodeLifecycle(
+            f"lifecycle-{name}", node_name=node.name, address=node.ip, role=node.role,
+            installer_image=installer_image, talos_version=c.talos_version,
+            kubernetes_version=c.kubernetes_version,
+            machine_configuration=self.machine_configuration.machine_configuration, talosconfig=talosconfig,
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=[self.vm, *([previous.lifecycle] if previous else [])]))
+
+        # The VM must exist (and boot the ISO) before anything can be sent to its Talos API; after the
+        # lifecycle, so that a version change reaches nodes one at a time through it first.
         self.apply = ConfigurationApply(
             f"apply-{name}",
             node=node.ip,
             machine_configuration=self.machine_configuration.machine_configuration,
             talosconfig=talosconfig,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, *(depends_on or [])]),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, self.lifecycle]),
         )
         self.register_outputs({"vm_id": self.vm.vm_id, "ip": node.ip})

@@ -169,3 +169,49 @@ def test_resource_marks_credentials_and_config_secret(bundle):
         return pulumi.Output.all(first.urn, second.urn).apply(verify)
 
     check()
+
+
+# --- wiring in the program ------------------------------------------------------------------------
+
+DYNAMIC = "pulumi-python:dynamic:Resource"
+VM = "proxmoxve:index/vmLegacy:VmLegacy"
+
+
+def _by_name(run):
+    return {(r.type, r.name): r for r in run.registrations}
+
+
+def test_program_chains_lifecycles_in_roll_order_after_each_vm_and_before_each_apply():
+    from tests.mocked_program import run_program, stack_config
+
+    config = stack_config("test-cluster")
+    run = run_program(config)
+    regs = _by_name(run)
+    names = [n["name"] for n in config["nodes"]]
+    order = [n["name"] for n in config["nodes"] if n["role"] == "controlplane"] + \
+            [n["name"] for n in config["nodes"] if n["role"] == "worker"]
+    assert len(run.named("lifecycle-", DYNAMIC)) == len(names) == 9
+    for previous, name in zip([None, *order], order):
+        lifecycle = regs[(DYNAMIC, f"lifecycle-{name}")]
+        deps = set(lifecycle.dependencies)
+        assert regs[(VM, name)].urn in deps
+        lifecycles_before = {r.urn for r in run.named("lifecycle-", DYNAMIC)} & deps
+        assert lifecycles_before == ({regs[(DYNAMIC, f"lifecycle-{previous}")].urn} if previous else set())
+        assert lifecycle.urn in regs[(DYNAMIC, f"apply-{name}")].dependencies
+        assert {"talosconfig", "machine_configuration"} <= set(lifecycle.additional_secret_outputs)
+        assert lifecycle.inputs["installer_image"] == run.exports["installerImage"]
+
+
+def test_adding_a_worker_adds_only_its_resources():
+    from tests.mocked_program import run_program, stack_config
+
+    config = stack_config("test-cluster")
+    before = {r.urn: r for r in run_program(config).registrations}
+    config["nodes"].append({"name": "worker-7", "role": "worker", "vmId": 210, "cpu": 3, "memory": 6144, "disk": 15,
+                            "ip": "10.255.200.210", "mac": "bc:24:11:80:a1:a4"})
+    after = {r.urn: r for r in run_program(config).registrations}
+    added = {(after[u].type, after[u].name) for u in after.keys() - before.keys()}
+    assert (DYNAMIC, "lifecycle-worker-7") in added and (VM, "worker-7") in added
+    assert not before.keys() - after.keys()
+    changed = {(after[u].type, after[u].name) for u in before if after[u].inputs != before[u].inputs}
+    assert changed <= {(DYNAMIC, "health")}  # only the health wait counts the nodes

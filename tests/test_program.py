@@ -156,7 +156,8 @@ def test_removing_a_worker_removes_only_its_resources(run):
     before, after = by_urn(run), by_urn(smaller)
     gone = {(before[u].type, before[u].name) for u in before.keys() - after.keys()}
     assert gone == {("talos-proxmox:index:TalosNode", "worker-6"), (VM, "worker-6"),
-                    (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6")}
+                    (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6"),
+                    (DYNAMIC, "lifecycle-worker-6")}
     assert not after.keys() - before.keys()
     # Everything else is untouched, the talosconfig included; only the health wait counts nodes.
     changed = {(after[u].type, after[u].name) for u in after if after[u].inputs != before[u].inputs}
