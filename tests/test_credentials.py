@@ -95,3 +95,23 @@ def test_runtime_config_secret_keys_pass_plain_ones_raise():
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith("proxmoxve:ssh.password: ")
     assert "ssh-pass" not in str(err.value)
     ensure_no_plaintext_credentials(stack_config_from_runtime(runtime, {"proxmoxve:apiToken", "proxmoxve:ssh"}.__contains__))
+
+
+def test_the_programs_check_reads_the_runtime_config_the_language_host_sets():
+    """What __main__.py runs before any resource, against config set as the Pulumi language host sets it."""
+    from pulumi.runtime import config as runtime_config
+
+    def program_check():
+        ensure_no_plaintext_credentials(
+            stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
+
+    try:
+        runtime_config.set_all_config({"proxmoxve:apiToken": TOKEN, "proxmoxve:endpoint": "https://pve:8006/"},
+                                      ["proxmoxve:apiToken"])
+        program_check()
+        runtime_config.set_all_config({"proxmoxve:apiToken": TOKEN}, [])
+        with pytest.raises(CredentialsError, match="proxmoxve:apiToken") as err:
+            program_check()
+        assert TOKEN not in str(err.value)
+    finally:
+        runtime_config.set_all_config({}, [])
