@@ -62,9 +62,9 @@ class TalosCluster(pulumi.ComponentResource):
                 installer_image=facts.installer_image,
                 secrets=self.secrets.bundle,
                 talosconfig=self.talosconfig_resource.talosconfig,
-                previous_lifecycle=previous,
+                previous=previous,
                 opts=child)
-            previous = self.nodes[node.name].lifecycle
+            previous = self.nodes[node.name]
 
         first = settings.bootstrap_node
         self.bootstrap = Bootstrap(

@@ -1,4 +1,4 @@
-"""One Talos node: its Proxmox VM, its rendered machine configuration, and the apply that sends it.
+"""One Talos node: its Proxmox VM, its rendered machine configuration, its lifecycle, and the apply.
 
 Every resource here is named after the node, so adding or removing a node in the stack adds or
 removes exactly that node's resources and leaves the others' inputs alone.
@@ -6,14 +6,13 @@ removes exactly that node's resources and leaves the others' inputs alone.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional
 
 import pulumi
 import pulumi_proxmoxve as proxmoxve
 
 from components.render import machine_config_inputs
 from providers.dynamic_talos import MachineConfiguration
-from providers.node_lifecycle import NodeLifecycle
 from providers.node_lifecycle import NodeLifecycle
 from providers.settings import NodeSettings, Settings
 from providers.talos_api.resources import ConfigurationApply
