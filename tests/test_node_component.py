@@ -7,9 +7,9 @@ import dataclasses
 import pulumi_proxmoxve as proxmoxve
 import pytest
 
-from components.node import vm_args, vm_tags
+from components.node import TalosNode, vm_args, vm_tags
 from providers.settings import load_settings
-from tests.mocked_program import stack_config
+from tests.mocked_program import run_program, stack_config
 
 ISO = "local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso"
 
@@ -65,3 +65,42 @@ def test_proxmox_settings_reach_the_vm(settings):
     assert {d.datastore_id for d in args["disks"]} == {"ceph-vm"}
     assert args["network_devices"][0].bridge == "vmbr1"
     assert vm_tags(custom, worker) == ["lab", "talos", "test-cluster", "worker"]
+
+
+INSTALLER = "factory.talos.dev/installer/e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885:v1.13.7"
+
+
+def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
+    def program():
+        s = load_settings(stack_config("test-cluster"))
+        first = TalosNode("master-1", s, node(s, "master-1"), iso_file_id=ISO, installer_image=INSTALLER,
+                          secrets={"cluster": {}}, talosconfig="talosconfig-text")
+        TalosNode("master-2", s, node(s, "master-2"), iso_file_id=ISO, installer_image=INSTALLER,
+                  secrets={"cluster": {}}, talosconfig="talosconfig-text", previous=first)
+
+    run = run_program(stack_config("test-cluster"), program=program)
+    urns = {r.urn: r for r in run.registrations}
+    named = {(r.type.split(":")[-1], r.name): r for r in run.registrations}
+    component = named[("TalosNode", "master-2")]
+    vm = named[("VmLegacy", "master-2")]
+    config = named[("Resource", "machineconfig-master-2")]
+    lifecycle = named[("Resource", "lifecycle-master-2")]
+    apply = named[("Resource", "apply-master-2")]
+    assert {vm.parent, config.parent, lifecycle.parent, apply.parent} == {component.urn}
+
+    assert config.inputs["role"] == "controlplane"
+    assert {"machine": {"install": {"disk": "/dev/sda", "image": INSTALLER}}} in config.inputs["patches"]
+    assert any(p.get("machine", {}).get("network", {}).get("interfaces", [{}])[0].get("deviceSelector")
+               == {"hardwareAddr": "bc:24:11:80:a1:9c"} for p in config.inputs["patches"] if isinstance(p, dict))
+    assert "machine_configuration" in config.additional_secret_outputs
+
+    assert (lifecycle.inputs["address"], lifecycle.inputs["role"]) == ("10.255.200.202", "controlplane")
+    assert lifecycle.inputs["installer_image"] == INSTALLER
+    assert {vm.urn, named[("Resource", "lifecycle-master-1")].urn} <= set(lifecycle.dependencies)
+    # The first node in roll order waits for its own VM only.
+    first_deps = {urns[d].name for d in named[("Resource", "lifecycle-master-1")].dependencies}
+    assert first_deps <= {"master-1", "machineconfig-master-1"}
+
+    assert apply.inputs["node"] == "10.255.200.202"
+    assert {vm.urn, config.urn, lifecycle.urn} <= set(apply.dependencies)
+    assert all(urns[d].name.endswith("master-2") for d in apply.dependencies)
