@@ -67,7 +67,8 @@ def _remove_via_peer(node: RollNode, peers: Sequence[RollNode], client_for: Call
     raise RemovalError(
         f"node {node.name} ({node.address}): its etcd member could not be removed; the node cannot leave by "
         f"itself and no other control plane removed it ({'; '.join(tried) or 'no other control plane known'}). "
-        "Remove it by hand (talosctl etcd remove-member) before destroying the VM.")
+        "Remove it by hand (talosctl etcd remove-member) before destroying the VM; if the whole cluster is "
+        "gone, drop this node's lifecycle resource from the state (pulumi state delete) instead.")
 
 
 def _wait_down(client: TalosClient, node: RollNode, *, timeout: float, backoff: Backoff, sleep, clock) -> bool:
