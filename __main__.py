@@ -1,13 +1,18 @@
 """A Talos Linux cluster on Proxmox VE: the stack's settings -> one TalosCluster -> its outputs.
 
-Settings are validated before anything is registered: a bad stack file stops here with every
-problem listed, and nothing touches Proxmox or a node.
+Credentials and settings are checked before anything is registered: a bad stack file stops here
+with every problem listed, and nothing touches Proxmox or a node.
 """
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 
 from components.cluster import TalosCluster
+from providers.credentials import ensure_no_plaintext_credentials, stack_config_from_runtime
 from providers.settings import TOP_LEVEL_KEYS, load_settings
+
+# A Proxmox token or password in plain stack config is a leaked credential: refuse before anything runs.
+ensure_no_plaintext_credentials(stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
 
 config = pulumi.Config()
 settings = load_settings({key: config.get_object(key) for key in TOP_LEVEL_KEYS})

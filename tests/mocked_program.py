@@ -13,7 +13,7 @@ import runpy
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pulumi
 from pulumi.runtime import settings as runtime_settings
@@ -122,8 +122,12 @@ class _WarningCollector:
 
 
 def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview: bool = False,
-                program: Optional[Callable[[], None]] = None) -> ProgramRun:
+                program: Optional[Callable[[], None]] = None, other_config: Optional[Mapping[str, str]] = None,
+                secret_keys: Sequence[str] = ()) -> ProgramRun:
     """Run `__main__.py` (or `program`) once with `config` (top-level keys, no prefix) as the stack's config.
+
+    `other_config` holds keys of other namespaces as given (e.g. `proxmoxve:apiToken`), and
+    `secret_keys` the full keys that `pulumi config set --secret` would have marked.
 
     Raises whatever the program raises (e.g. SettingsError); the registrations made until then are in
     the exception's `program_run` attribute.
@@ -134,7 +138,9 @@ def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview:
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=preview,
                              logger=logger, monitor=monitor)  # type: ignore[arg-type]
     runtime_settings.ROOT.set(None)  # run_in_stack makes the root Stack, as the language host does
-    pulumi.runtime.set_all_config({f"{PROJECT}:{k}": json.dumps(v) for k, v in config.items() if v is not None})
+    pulumi.runtime.set_all_config(
+        {**{f"{PROJECT}:{k}": json.dumps(v) for k, v in config.items() if v is not None}, **(other_config or {})},
+        list(secret_keys))
     run = ProgramRun(registrations=monitor.registrations, warnings=logger.messages)
     stacks: list[Any] = []
 

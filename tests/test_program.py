@@ -7,6 +7,7 @@ import copy
 import pytest
 
 from components.render import image_facts, machine_config_inputs
+from providers.credentials import CredentialsError
 from providers.settings import SettingsError, load_settings
 from tests.mocked_program import ProgramRun, Registration, run_program, stack_config
 
@@ -174,6 +175,19 @@ def test_bad_stack_registers_nothing_and_raises_the_settings_error():
     assert "talos-proxmox:nodes[1].ip: '10.255.200.201' duplicates nodes[0].ip (expected unique values)" in message
     assert "talos-proxmox:nodes[7].mac: 'not-a-mac' is not a MAC address" in message
     assert caught.value.program_run.registrations == []
+
+
+def test_plain_text_proxmox_token_registers_nothing_and_is_never_printed():
+    token = "root@pam!pulumi=0b7c4c3e-7f0e-4c8e-9d7a-2f5d3a1b9c11"
+    with pytest.raises(CredentialsError) as caught:
+        run_program(stack_config("test-cluster"), other_config={"proxmoxve:apiToken": token})
+    assert "proxmoxve:apiToken" in str(caught.value)
+    assert token not in str(caught.value)
+    assert caught.value.program_run.registrations == []
+    # The same token set with --secret is fine.
+    run = run_program(stack_config("test-cluster"), other_config={"proxmoxve:apiToken": token},
+                      secret_keys=["proxmoxve:apiToken"])
+    assert len(run.of_type(VM)) == 9
 
 
 def test_settings_warnings_reach_pulumi_log():
