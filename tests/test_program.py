@@ -139,6 +139,15 @@ def test_preview_reads_as_a_tree_under_the_cluster(run):
     assert urns[iso.parent].parent == cluster.urn
 
 
+def test_preview_registers_the_same_resources_with_the_configs_inputs_known(run):
+    """In a preview the cluster's own values are known (computed locally), so the diff shows them."""
+    preview = run_program(stack_config("test-cluster"), preview=True)
+    assert sorted(r.urn for r in preview.registrations) == sorted(r.urn for r in run.registrations)
+    config = preview.one(DYNAMIC, "machineconfig-worker-1").inputs
+    assert config["role"] == "worker" and config["patches"] == dynamic(run, "machineconfig-worker-1").inputs["patches"]
+    assert preview.exports["schematicId"] == SEED_ID
+
+
 def test_changing_one_workers_memory_changes_only_that_vm(run):
     config = stack_config("test-cluster")
     config["nodes"][4]["memory"] = 8192  # worker-2
