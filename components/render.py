@@ -119,6 +119,8 @@ def render_stack(settings: Settings, out: Path, secrets_file: Optional[str] = No
     _write(out / "schematic.yaml", image.schematic_yaml)
     _write(out / "schematic-id", image.schematic_id + "\n")
     written.append(f"{out / 'schematic.yaml'}: schematic {image.schematic_id}")
+    written.append(f"  ISO {image.iso_url}")
+    written.append(f"  installer {image.installer_image}")
     for node in settings.nodes:
         text = machine_config.render(bundle, **machine_config_inputs(settings, node, image.installer_image))
         _write(out / f"{node.name}.yaml", text)
