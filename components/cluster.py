@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
-from components.render import image_facts, talosconfig_inputs
+from providers.cluster_plan import image_facts, talosconfig_inputs
 from providers.rolling import RollNode, roll_order
 from providers.settings import Settings
 from providers.talos_api.resources import Bootstrap, Kubeconfig

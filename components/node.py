@@ -11,7 +11,7 @@ from typing import Optional
 import pulumi
 import pulumi_proxmoxve as proxmoxve
 
-from components.render import machine_config_inputs
+from providers.cluster_plan import machine_config_inputs
 from providers.dynamic_talos import MachineConfiguration
 from providers.node_lifecycle import NodeLifecycle
 from providers.settings import NodeSettings, Settings

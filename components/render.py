@@ -2,9 +2,9 @@
 
     python -m components.render --stack test-cluster --out out/
 
-The functions here decide what each node's configuration is rendered from; the Pulumi components
-call the same ones, so the files written here are the ones the program applies (given the same
-secrets bundle). No Pulumi import.
+What each file is rendered from comes from providers/cluster_plan.py, which the Pulumi components
+use too, so the files written here are the ones the program applies (given the same secrets bundle).
+No Pulumi import.
 """
 
 from __future__ import annotations
@@ -12,61 +12,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import yaml
 
 from providers import addons, image_factory, machine_config, talos_client, talos_secrets
-from providers.node_patches import node_patches
-from providers.settings import NodeSettings, Settings, SettingsError, load_settings, stack_file_config
+from providers.cluster_plan import image_facts, machine_config_inputs, talosconfig_inputs
+from providers.settings import Settings, SettingsError, load_settings, stack_file_config
 
 REPO = Path(__file__).resolve().parent.parent
 SECRETS_FILE_NAME = "secrets.yaml"
-
-
-@dataclass(frozen=True)
-class ImageFacts:
-    schematic_yaml: str
-    schematic_id: str
-    installer_image: str
-    iso_url: str
-
-
-def image_facts(settings: Settings) -> ImageFacts:
-    """The schematic's canonical YAML and id, and the installer and ISO it names for this Talos version."""
-    img, version = settings.image, settings.cluster.talos_version
-    sid = image_factory.schematic_id(img.schematic)
-    return ImageFacts(
-        schematic_yaml=image_factory.marshal_schematic(img.schematic),
-        schematic_id=sid,
-        installer_image=image_factory.installer_image(img.factory_url, sid, version, img.platform, img.secure_boot),
-        iso_url=image_factory.iso_url(img.factory_url, sid, version, img.platform, img.arch, img.secure_boot),
-    )
-
-
-def machine_config_inputs(settings: Settings, node: NodeSettings, installer_image: str) -> dict[str, Any]:
-    """Everything but the secrets bundle that `machine_config.render` takes for `node`."""
-    return dict(
-        cluster_name=settings.cluster.name,
-        endpoint=settings.cluster.endpoint,
-        role=node.role,
-        talos_version=settings.cluster.talos_version,
-        kubernetes_version=settings.cluster.kubernetes_version,
-        patches=node_patches(settings, node, installer_image),
-    )
-
-
-def talosconfig_inputs(settings: Settings) -> dict[str, Any]:
-    """talosctl context: control planes as endpoints (apid forwards to the rest), the bootstrap node as the
-    default target. Workers are left out so that adding or removing one changes neither the talosconfig
-    nor what is fetched with it (kubeconfig); `talosctl -n <ip>` reaches any node."""
-    return dict(
-        context=settings.cluster.name,
-        endpoints=[n.ip for n in settings.control_planes],
-        nodes=[settings.bootstrap_node.ip],
-    )
 
 
 # ---------------------------------------------------------------- the command

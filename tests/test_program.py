@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from components.render import image_facts, machine_config_inputs
+from providers.cluster_plan import image_facts, machine_config_inputs
 from providers.credentials import CredentialsError
 from providers.settings import SettingsError, load_settings
 from tests.mocked_program import ProgramRun, Registration, run_program, stack_config

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from components import render
-from providers import machine_config, pki, talos_secrets
+from providers import cluster_plan, machine_config, pki, talos_secrets
 from tests.mocked_program import REPO, stack_config
 
 SEED_SCHEMATIC_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
@@ -99,9 +99,9 @@ def test_each_config_is_what_the_program_renders_from_the_same_inputs(rendered):
     """The command and the MachineConfiguration resources share `machine_config_inputs`."""
     settings = render.load_settings(stack_config("test-cluster"))
     bundle = talos_secrets.load_secrets_file(str(rendered / "secrets.yaml"))
-    installer = render.image_facts(settings).installer_image
+    installer = cluster_plan.image_facts(settings).installer_image
     for node in settings.nodes:
-        expected = machine_config.render(bundle, **render.machine_config_inputs(settings, node, installer))
+        expected = machine_config.render(bundle, **cluster_plan.machine_config_inputs(settings, node, installer))
         assert (rendered / f"{node.name}.yaml").read_text() == expected
 
 
