@@ -122,6 +122,7 @@ def test_exports(run):
     assert run.exports["nodeIps"] == {n["name"]: n["ip"] for n in NODES}
     assert run.exports["schematicId"] == SEED_ID
     assert run.exports["installerImage"] == f"factory.talos.dev/installer/{SEED_ID}:v1.13.7"
+    assert run.exports["hubbleUiAddress"] == "http://hubble-ui.kube-system.svc.cluster.local:80"
 
 
 def test_preview_reads_as_a_tree_under_the_cluster(run):
@@ -204,3 +205,9 @@ def test_settings_warnings_reach_pulumi_log():
     config["nodes"] = [n for n in config["nodes"] if n["name"] != "master-3"]
     run = run_program(config)
     assert any("2 control-plane nodes is an even number" in w for w in run.warnings)
+
+
+def test_no_hubble_ui_no_address_export():
+    config = stack_config("test-cluster")
+    config["hubble"] = {**config["hubble"], "ui": False}
+    assert "hubbleUiAddress" not in run_program(config).exports
