@@ -27,5 +27,4 @@ pulumi.export("schematicId", cluster.schematic_id)
 pulumi.export("installerImage", cluster.installer_image)
 pulumi.export("talosconfig", cluster.talosconfig)
 pulumi.export("kubeconfig", cluster.kubeconfig)
-if cluster.addons.hubble_ui_address is not None:
-    pulumi.export("hubbleUiAddress", cluster.addons.hubble_ui_address)
+pulumi.export("hubbleUiAddress", cluster.addons.hubble_ui_address)  # null when the Hubble UI is off

@@ -207,7 +207,7 @@ def test_settings_warnings_reach_pulumi_log():
     assert any("2 control-plane nodes is an even number" in w for w in run.warnings)
 
 
-def test_no_hubble_ui_no_address_export():
+def test_hubble_ui_address_is_null_when_the_ui_is_off():
     config = stack_config("test-cluster")
     config["hubble"] = {**config["hubble"], "ui": False}
-    assert "hubbleUiAddress" not in run_program(config).exports
+    assert run_program(config).exports["hubbleUiAddress"] is None
