@@ -19,6 +19,8 @@ from providers.talos_api.resources import ConfigurationApply
 
 # The CD-ROM sits on ide2, Proxmox's own default slot for it and one that q35 machines also have.
 CDROM_INTERFACE = "ide2"
+# The cloud-init drive (nocloud images only) needs a slot of its own, away from the CD-ROM.
+CLOUD_INIT_INTERFACE = "ide0"
 BOOT_DISK_INTERFACE = "scsi0"
 DATA_DISK_INTERFACE = "scsi1"
 
@@ -38,7 +40,11 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
         disks.append(proxmoxve.VmLegacyDiskArgs(
             interface=DATA_DISK_INTERFACE, datastore_id=px.vm_datastore, size=node.data_disk.size_gb,
             file_format="raw", ssd=True, discard="on", iothread=True))
+    extra = {}
+    if settings.image.platform == "nocloud":
+        extra["initialization"] = maintenance_network(settings, node)
     return dict(
+        **extra,
         name=node.name,
         vm_id=node.vm_id,
         node_name=node.proxmox_node,
@@ -65,6 +71,18 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
         started=True,
         # Talos is reset through its API before the VM goes (day-two hooks); then a hard stop is safe.
         stop_on_destroy=True,
+    )
+
+
+def maintenance_network(settings: Settings, node: NodeSettings) -> proxmoxve.VmLegacyInitializationArgs:
+    """A cloud-init drive with the node's static address: Talos's nocloud image reads it in maintenance
+    mode, so the first (insecure) apply can reach the node at its stack IP without a DHCP reservation."""
+    return proxmoxve.VmLegacyInitializationArgs(
+        datastore_id=settings.proxmox.vm_datastore,
+        interface=CLOUD_INIT_INTERFACE,
+        ip_configs=[proxmoxve.VmLegacyInitializationIpConfigArgs(
+            ipv4=proxmoxve.VmLegacyInitializationIpConfigIpv4Args(address=node.address, gateway=node.gateway))],
+        dns=proxmoxve.VmLegacyInitializationDnsArgs(servers=list(node.nameservers)),
     )
 
 

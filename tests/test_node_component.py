@@ -49,6 +49,22 @@ def test_worker_with_data_disk_gets_scsi1_of_30_gb_on_the_vm_datastore(settings)
     assert args["tags"] == ["talos", "test-cluster", "worker"]
 
 
+def test_metal_image_gets_no_cloud_init_drive(settings):
+    assert "initialization" not in vm_args(settings, node(settings, "master-1"), ISO)
+
+
+def test_nocloud_image_gets_the_nodes_static_address_on_a_cloud_init_drive(settings):
+    nocloud = dataclasses.replace(settings, image=dataclasses.replace(settings.image, platform="nocloud"))
+    args = vm_args(nocloud, node(settings, "worker-2"), ISO)
+    init = args["initialization"]
+    assert (init.interface, init.datastore_id) == ("ide0", "local-lvm")
+    assert init.interface != args["cdrom"].interface
+    [ip] = init.ip_configs
+    assert (ip.ipv4.address, ip.ipv4.gateway) == ("10.255.200.205/24", "10.255.200.1")
+    assert init.dns.servers == ["9.9.9.9"]
+    proxmoxve.VmLegacyArgs(**args)
+
+
 def test_worker_without_data_disk_has_only_the_boot_disk(settings):
     args = vm_args(settings, node(settings, "worker-4"), ISO)
     assert [d.interface for d in args["disks"]] == ["scsi0"]
