@@ -8,14 +8,18 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from components.cluster import TalosCluster
-from providers.credentials import ensure_no_plaintext_credentials, stack_config_from_runtime
-from providers.settings import TOP_LEVEL_KEYS, load_settings
+from providers.credentials import CredentialsError, ensure_no_plaintext_credentials, stack_config_from_runtime
+from providers.settings import TOP_LEVEL_KEYS, SettingsError, load_settings
 
-# A Proxmox token or password in plain stack config is a leaked credential: refuse before anything runs.
-ensure_no_plaintext_credentials(stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
-
-config = pulumi.Config()
-settings = load_settings({key: config.get_object(key) for key in TOP_LEVEL_KEYS})
+try:
+    # A Proxmox token or password in plain stack config is a leaked credential: refuse before anything runs.
+    ensure_no_plaintext_credentials(
+        stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
+    config = pulumi.Config()
+    settings = load_settings({key: config.get_object(key) for key in TOP_LEVEL_KEYS})
+except (CredentialsError, SettingsError) as err:
+    # RunError: Pulumi prints the message alone; a stack trace would only bury which keys to fix.
+    raise pulumi.RunError(str(err)) from None
 for warning in settings.warnings:
     pulumi.log.warn(warning)
 

@@ -129,7 +129,7 @@ def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview:
     `other_config` holds keys of other namespaces as given (e.g. `proxmoxve:apiToken`), and
     `secret_keys` the full keys that `pulumi config set --secret` would have marked.
 
-    Raises whatever the program raises (e.g. SettingsError); the registrations made until then are in
+    Raises whatever the program raises (e.g. pulumi.RunError for a bad stack); the registrations made until then are in
     the exception's `program_run` attribute.
     """
     monitor = RecordingMonitor(RecordingMocks())
