@@ -123,16 +123,18 @@ class _WarningCollector:
 
 def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview: bool = False,
                 program: Optional[Callable[[], None]] = None, other_config: Optional[Mapping[str, str]] = None,
-                secret_keys: Sequence[str] = ()) -> ProgramRun:
+                secret_keys: Sequence[str] = (), monitor: Optional[RecordingMonitor] = None) -> ProgramRun:
     """Run `__main__.py` (or `program`) once with `config` (top-level keys, no prefix) as the stack's config.
 
     `other_config` holds keys of other namespaces as given (e.g. `proxmoxve:apiToken`), and
-    `secret_keys` the full keys that `pulumi config set --secret` would have marked.
+    `secret_keys` the full keys that `pulumi config set --secret` would have marked. `monitor` replaces
+    the echoing one (e.g. tests/e2e_engine.py's, which runs dynamic providers for real).
 
     Raises whatever the program raises (e.g. pulumi.RunError for a bad stack); the registrations made until then are in
     the exception's `program_run` attribute.
     """
-    monitor = RecordingMonitor(RecordingMocks())
+    if monitor is None:
+        monitor = RecordingMonitor(RecordingMocks())
     logger = _WarningCollector()
     runtime_settings.ROOT.set(None)
     pulumi.runtime.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=preview,

@@ -1,4 +1,4 @@
-"""A stand-in Talos node for tests and benchmarks: machine.MachineService on 127.0.0.1 over real TLS.
+"""A stand-in Talos node for tests and benchmarks: machine.MachineService on a loopback address over real TLS.
 
 Shape of the far side it stands in for:
   - maintenance mode: TLS with an Ed25519 certificate from a CA made at "boot", no client
@@ -6,8 +6,15 @@ Shape of the far side it stands in for:
     "install and reboot": the listener goes away for `install_downtime` seconds and comes back in
     configured mode.
   - configured mode: mutual TLS; server certificate issued by the bundle's OS CA (Ed25519, SAN
-    127.0.0.1), client certificates must chain to the OS CA (plus `accepted_cas`); the client
+    `host`), client certificates must chain to the OS CA (plus `accepted_cas`); the client
     certificate's Organization is its role, os:admin may call everything, os:reader only reads.
+  - identity: made with a secrets bundle, the node trusts and is signed by that bundle's OS CA from
+    the start; made with `bundle=None` (maintenance only), it learns them from the first config
+    applied, as an installing node does: `machine.ca.crt` is the CA it trusts, `machine.ca.key` (a
+    control plane's config) signs its own certificate, and a worker, whose config has no key, asks
+    `trustd()` -> (OS CA certificate, key), standing in for trustd on the control planes.
+  - address: `host` (default 127.0.0.1; any 127.0.0.x stands in for a node's own IP) and `port`
+    (default: any free one; 50000 is what a real node listens on). Both certificates name `host`.
 
 TLS is terminated by Python's ssl (OpenSSL; grpcio's BoringSSL cannot do Ed25519, see
 providers/talos_api/tls_bridge.py) in front of a plaintext grpcio server on another loopback port;
@@ -23,6 +30,7 @@ attributes.
 
 from __future__ import annotations
 
+import base64
 import difflib
 import functools
 import gzip
@@ -39,6 +47,7 @@ from typing import Any, Callable
 
 import grpc
 import pytest
+import yaml
 from google.protobuf import message_factory
 
 from providers import pki, talos_client, talos_secrets
@@ -129,15 +138,19 @@ def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredential
 class FakeTalosNode:
     def __init__(
         self,
-        bundle: dict,
+        bundle: dict | None,
         *,
         mode: str = "maintenance",
         hostname: str = "talos-stand-in",
         install_downtime: float = 0.3,
         accepted_cas: tuple[bytes, ...] = (),
         version_tag: str = "v1.11.5",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        trustd: Callable[[], tuple[bytes, bytes]] | None = None,
     ):
         self.hostname = hostname
+        self.host = host
         self.install_downtime = install_downtime
         self.version_tag = version_tag
         self.config: bytes | None = None
@@ -159,14 +172,19 @@ class FakeTalosNode:
         self._failures: dict[str, list[tuple[grpc.StatusCode, str]]] = {}
         self._lock = threading.Lock()
 
-        os_ca, os_key = talos_secrets.ca_pair(bundle, "os")
-        self._client_cas = b"".join((os_ca,) + tuple(accepted_cas))
-        self._configured_identity = pki.issue_certificate(
-            os_ca, os_key, common_name=hostname, ip_addresses=["127.0.0.1"], key_type="ed25519", server=True)
+        self._accepted_cas = tuple(accepted_cas)
+        self._trustd = trustd
+        self._learns_identity = bundle is None
+        self._client_cas = b""
+        self._configured_identity: tuple[bytes, bytes] | None = None
+        if bundle is not None:
+            self._take_identity(*talos_secrets.ca_pair(bundle, "os"))
+        elif mode != "maintenance":
+            raise ValueError("a stand-in node made without a secrets bundle must start in maintenance mode")
         maintenance_ca, maintenance_key = pki.new_ca(key_type="ed25519")
         self._maintenance_identity = pki.issue_certificate(
             maintenance_ca, maintenance_key, common_name="maintenance-service.talos.dev",
-            ip_addresses=["127.0.0.1"], key_type="ed25519", server=True)
+            ip_addresses=[host], key_type="ed25519", server=True)
 
         self._backend = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         self._backend.add_generic_rpc_handlers((self._handlers(),))
@@ -176,7 +194,7 @@ class FakeTalosNode:
         self._roles_by_port: dict[int, tuple[str, ...]] = {}
         self._open: set[socket.socket] = set()
         self._listener: socket.socket | None = None
-        self.port = 0
+        self.port = port
         self.mode = mode
         self.come_up()
 
@@ -184,7 +202,7 @@ class FakeTalosNode:
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def _tls_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -196,6 +214,30 @@ class FakeTalosNode:
             context.load_verify_locations(cadata=self._client_cas.decode("ascii"))
         return context
 
+    def _take_identity(self, os_ca: bytes, signer_cert: bytes, signer_key: bytes | None = None) -> None:
+        """Trust client certificates from `os_ca`; serve a certificate for `host` signed by the signer
+        (given as CA certificate and key, or as the OS CA's key alone)."""
+        if signer_key is None:
+            signer_cert, signer_key = os_ca, signer_cert
+        self._client_cas = b"".join((os_ca,) + self._accepted_cas)
+        self._configured_identity = pki.issue_certificate(
+            signer_cert, signer_key, common_name=self.hostname, ip_addresses=[self.host], key_type="ed25519",
+            server=True)
+
+    def _learn_identity(self, config: bytes, context: grpc.ServicerContext) -> None:
+        try:
+            documents = [d for d in yaml.safe_load_all(config) if isinstance(d, dict)]
+            ca = next(d for d in documents if d.get("version") == "v1alpha1")["machine"]["ca"]
+            os_ca, os_key = base64.b64decode(ca["crt"]), base64.b64decode(ca.get("key") or "")
+        except (yaml.YAMLError, StopIteration, KeyError, TypeError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stand-in: no machine.ca in the config ({exc})")
+        if os_key:
+            self._take_identity(os_ca, os_key)
+        elif self._trustd is not None:
+            self._take_identity(os_ca, *self._trustd())
+        else:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stand-in: a worker config needs trustd")
+
     def come_up(self, mode: str | None = None) -> None:
         """Start listening (on the same port as before, if any), optionally in another mode."""
         if mode is not None:
@@ -203,7 +245,7 @@ class FakeTalosNode:
         context = self._tls_context()
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener.bind((self.host, self.port))
         listener.listen(64)
         self.port = listener.getsockname()[1]
         self._listener = listener
@@ -381,6 +423,8 @@ class FakeTalosNode:
                                                 request.data.decode().splitlines(True)))
             return machine_pb2.ApplyConfigurationResponse(messages=[machine_pb2.ApplyConfiguration(
                 mode=mode, mode_details=f"Dry run summary:\n{details} (skipped in dry-run).\nConfig diff:\n\n{diff or 'No changes.'}")])
+        if self.mode == "maintenance" and self._learns_identity:
+            self._learn_identity(request.data, context)
         if mode == Mode.STAGED:
             self.staged_config = request.data
         else:

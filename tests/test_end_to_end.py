@@ -1,0 +1,262 @@
+"""`pulumi up` of the real program, twice, with the real dynamic providers doing real work.
+
+The program (`__main__.py`) runs under tests/e2e_engine.py's monitor, which deploys every dynamic
+resource the way the engine and the dynamic-provider host would (check, create; on the second run
+diff and update). Only the far side is stood in for: the Image Factory (tests/factory_stand_in.py)
+and one FakeTalosNode per node, listening on the node's own stack IP at port 50000 — loopback
+addresses 127.0.0.2-5 — in maintenance mode, learning its identity from the config it is sent.
+Proxmox, Kubernetes and Helm resources are echoed; the health wait is off.
+
+The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
+worker only, over mutual TLS.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import render
+from providers import rolling, talos_secrets
+from providers.cluster_plan import image_facts
+from providers.settings import PROJECT, load_settings
+from providers.talos_api import operations
+from providers.talos_api.client import TalosClient, read_talosconfig
+from providers.talos_api.retry import Backoff
+from tests.e2e_engine import DeploymentMonitor
+from tests.factory_stand_in import StandInFactory
+from tests.mocked_program import ProgramRun, run_program, stack_config
+from tests.talos_api_server import FakeTalosNode, RecordedCall
+
+STACK = "e2e"
+TALOS_API_PORT = 50000
+# name, role, address: three control planes and a worker, each at its own loopback address
+NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-cp-2", "controlplane", "127.0.0.3"),
+         ("e2e-cp-3", "controlplane", "127.0.0.4"), ("e2e-worker-1", "worker", "127.0.0.5")]
+WORKER = "e2e-worker-1"
+FIRST_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "1024"}}}
+CHANGED_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "4096"}}}
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: dev
+  cluster:
+    server: https://127.0.0.100:6443
+    certificate-authority-data: c3RhbmQtaW4gY2E=
+contexts:
+- name: admin@dev
+  context: {cluster: dev, user: admin@dev}
+current-context: admin@dev
+users:
+- name: admin@dev
+  user: {client-certificate-data: c3RhbmQtaW4gY2VydA==, client-key-data: c3RhbmQtaW4ga2V5}
+"""
+FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
+
+
+def e2e_config(factory_url: str, worker_patch: dict) -> dict:
+    """stacks/Pulumi.dev.yaml moved onto loopback: nodes at 127.0.0.2-5, the factory stand-in, no health wait."""
+    config = stack_config("dev")
+    config["cluster"]["vip"] = "127.0.0.100"
+    config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
+    config["image"]["factoryUrl"] = factory_url
+    config["health"] = {"wait": False}
+    templates = {node["role"]: node for node in config["nodes"]}
+    config["nodes"] = [
+        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + i, "mac": f"bc:24:11:00:01:{i:02x}",
+         **({"patches": [worker_patch]} if name == WORKER else {})}
+        for i, (name, role, ip) in enumerate(NODES)]
+    return config
+
+
+def engine_config(config: dict) -> dict:
+    return {f"{PROJECT}:{key}": json.dumps(value) for key, value in config.items()}
+
+
+def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[str, bytes]:
+    """What `python -m components.render --stack e2e --secrets <bundle>` writes for each node."""
+    stacks, out = directory / "stacks", directory / "out"
+    stacks.mkdir(parents=True)
+    (stacks / f"Pulumi.{STACK}.yaml").write_text(
+        yaml.safe_dump({"config": {f"{PROJECT}:{k}": v for k, v in config.items()}}))
+    (directory / "secrets.yaml").write_text(secrets_yaml)
+    assert render.main(["--stack", STACK, "--out", str(out), "--secrets", str(directory / "secrets.yaml"),
+                        "--stacks-dir", str(stacks)]) == 0
+    return {name: (out / f"{name}.yaml").read_bytes() for name, _, _ in NODES}
+
+
+@dataclass
+class Up:
+    """One `pulumi up`: what the user sees (exports, steps) and what each node had received by its end."""
+
+    run: ProgramRun
+    monitor: DeploymentMonitor
+    config: dict
+    calls: dict[str, list[RecordedCall]]
+    modes: dict[str, str]
+    rendered: dict[str, bytes]
+
+    def steps(self, op: str) -> set[str]:
+        return {step.name for step in self.monitor.steps if step.op == op}
+
+
+@dataclass
+class Deployment:
+    first: Up
+    second: Up
+    factory: StandInFactory
+    nodes: dict[str, FakeTalosNode]
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    fakes: dict[str, FakeTalosNode] = {}
+    with StandInFactory() as factory, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+        patch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
+        monitors: list[DeploymentMonitor] = []
+
+        def trustd() -> tuple[bytes, bytes]:
+            # trustd on the control planes signs a joining worker's apid certificate with the OS CA
+            return talos_secrets.ca_pair(monitors[0].state_named("secrets").outputs["bundle"], "os")
+
+        try:
+            for name, _, ip in NODES:
+                fakes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip, port=TALOS_API_PORT,
+                                            install_downtime=0.2, trustd=trustd)
+        except OSError as exc:
+            for fake in fakes.values():
+                fake.stop()
+            if exc.errno == errno.EADDRNOTAVAIL:  # e.g. macOS, where only 127.0.0.1 is configured
+                pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")
+            raise
+        fakes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
+        try:
+            ups = []
+            for worker_patch in (FIRST_PATCH, CHANGED_PATCH):
+                config = e2e_config(factory.url, worker_patch)
+                monitor = DeploymentMonitor(engine_config(config), previous=monitors[-1].state if monitors else None)
+                monitors.append(monitor)
+                run = run_program(config, stack=STACK, monitor=monitor)
+                secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
+                ups.append(Up(run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
+                              {n: f.mode for n, f in fakes.items()},
+                              rendered_configs(config, secrets_yaml, tmp_path_factory.mktemp("render"))))
+            yield Deployment(ups[0], ups[1], factory, fakes)
+        finally:
+            for fake in fakes.values():
+                fake.stop()
+
+
+def sysctls(config: bytes) -> dict:
+    [v1alpha1] = [d for d in yaml.safe_load_all(config) if isinstance(d, dict) and d.get("version") == "v1alpha1"]
+    return v1alpha1["machine"].get("sysctls", {})
+
+
+def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
+    return [call for call in calls if call.rpc == "ApplyConfiguration"]
+
+
+# --- the first `pulumi up` ------------------------------------------------------------------------
+
+
+def test_every_resource_is_created_once(deployment):
+    first = deployment.first
+    assert {step.op for step in first.monitor.steps} == {"create"}
+    created = [step.name for step in first.monitor.steps]
+    assert len(created) == len(set(created))
+    assert {"secrets", "talosconfig", "bootstrap", "kubeconfig", "image-schematic"} <= set(created)
+    for name, _, _ in NODES:
+        assert {f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"} <= set(created)
+
+
+def test_schematic_is_registered_once_with_the_locally_computed_id(deployment):
+    sid = image_facts(load_settings(deployment.first.config)).schematic_id
+    [(method, path, _headers, body)] = deployment.factory.requests  # both runs together
+    assert (method, path) == ("POST", "/schematics")
+    assert hashlib.sha256(body).hexdigest() == sid
+    assert deployment.first.run.exports["schematicId"] == sid
+    assert deployment.first.run.exports["installerImage"] == (
+        f"{deployment.factory.url.removeprefix('http://')}/installer/{sid}:v1.13.7")
+
+
+def test_each_node_got_one_insecure_apply_of_what_the_render_command_writes(deployment):
+    first = deployment.first
+    for name, _, _ in NODES:
+        [apply] = applies(first.calls[name])
+        assert (apply.mode, apply.roles) == ("maintenance", ()), name  # no client certificate: insecure
+        assert apply.request.data == first.rendered[name], name
+        assert deployment.nodes[name].config is not None
+
+
+def test_every_node_ends_in_configured_mode(deployment):
+    assert deployment.first.modes == {name: "configured" for name, _, _ in NODES}
+
+
+def test_bootstrap_once_on_the_first_control_plane_over_mtls(deployment):
+    first = deployment.first
+    bootstraps = {name: [c for c in calls if c.rpc == "Bootstrap"] for name, calls in first.calls.items()}
+    assert {name: len(found) for name, found in bootstraps.items()} == {
+        name: int(name == "e2e-cp-1") for name, _, _ in NODES}
+    [call] = bootstraps["e2e-cp-1"]
+    assert (call.mode, call.roles) == ("configured", ("os:admin",))
+    assert load_settings(first.config).bootstrap_node.name == "e2e-cp-1"
+
+
+def test_kubeconfig_export_is_the_nodes_kubeconfig_and_secret(deployment):
+    run = deployment.first.run
+    assert run.exports["kubeconfig"] == KUBECONFIG
+    assert {"kubeconfig", "talosconfig"} <= run.secret_exports
+
+
+def test_talosconfig_export_makes_mtls_calls_to_every_configured_node(deployment):
+    context = read_talosconfig(deployment.first.run.exports["talosconfig"])
+    assert context.endpoints == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+    for name, _, ip in NODES:
+        # each node's certificate (a worker's from trustd) must chain to the talosconfig's CA
+        with TalosClient([ip], credentials=context.credentials) as client:
+            reply = client.version(timeout=10)
+        assert reply.messages[0].version.tag == deployment.nodes[name].version_tag
+        last = deployment.nodes[name].calls[-1]
+        assert (last.rpc, last.mode, last.roles) == ("Version", "configured", ("os:admin",))
+
+
+# --- the second `pulumi up`: one worker's patch changed -------------------------------------------
+
+
+def test_second_up_updates_only_the_changed_workers_config_and_apply(deployment):
+    second = deployment.second
+    assert second.steps("update") == {f"machineconfig-{WORKER}", f"apply-{WORKER}"}
+    assert second.steps("create") == set()
+    assert len(second.steps("same")) == len(deployment.first.monitor.steps) - 2
+
+
+def test_second_up_reapplies_to_that_worker_only_over_mtls(deployment):
+    first, second = deployment.first, deployment.second
+    for name, _, _ in NODES:
+        assert len(applies(second.calls[name])) == (2 if name == WORKER else 1), name
+    again = applies(second.calls[WORKER])[1]
+    assert (again.mode, again.roles) == ("configured", ("os:admin",))
+    assert again.request.data == second.rendered[WORKER] != first.rendered[WORKER]
+    assert sysctls(again.request.data) == {"net.core.somaxconn": "4096"}
+    assert sysctls(first.rendered[WORKER]) == {"net.core.somaxconn": "1024"}
+    for name, _, _ in NODES:
+        if name != WORKER:
+            assert second.rendered[name] == first.rendered[name], name
+
+
+def test_second_up_leaves_bootstrap_kubeconfig_and_secrets_alone(deployment):
+    first, second = deployment.first, deployment.second
+    assert sum(c.rpc in ("Bootstrap", "Kubeconfig") for calls in second.calls.values() for c in calls) == \
+        sum(c.rpc in ("Bootstrap", "Kubeconfig") for calls in first.calls.values() for c in calls) == 2
+    assert second.run.exports["kubeconfig"] == first.run.exports["kubeconfig"]
+    assert second.run.exports["talosconfig"] == first.run.exports["talosconfig"]
+    assert (second.monitor.state_named("secrets").outputs["bundle"]
+            == first.monitor.state_named("secrets").outputs["bundle"])
