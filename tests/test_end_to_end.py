@@ -8,7 +8,7 @@ addresses 127.0.0.2-5 — in maintenance mode, learning its identity from the co
 Proxmox, Kubernetes and Helm resources are echoed; the health wait is off.
 
 The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
-worker only, over mutual TLS.
+worker only, over mutual TLS; a third with nothing changed must change nothing.
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ class Up:
 class Deployment:
     first: Up
     second: Up
+    unchanged: Up
     factory: StandInFactory
     nodes: dict[str, FakeTalosNode]
 
@@ -140,7 +141,7 @@ def deployment(tmp_path_factory):
         fakes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
         try:
             ups = []
-            for worker_patch in (FIRST_PATCH, CHANGED_PATCH):
+            for worker_patch in (FIRST_PATCH, CHANGED_PATCH, CHANGED_PATCH):
                 config = e2e_config(factory.url, worker_patch)
                 monitor = DeploymentMonitor(engine_config(config), previous=monitors[-1].state if monitors else None)
                 monitors.append(monitor)
@@ -149,7 +150,7 @@ def deployment(tmp_path_factory):
                 ups.append(Up(run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
                               {n: f.mode for n, f in fakes.items()},
                               rendered_configs(config, secrets_yaml, tmp_path_factory.mktemp("render"))))
-            yield Deployment(ups[0], ups[1], factory, fakes)
+            yield Deployment(*ups, factory=factory, nodes=fakes)
         finally:
             for fake in fakes.values():
                 fake.stop()
@@ -260,3 +261,14 @@ def test_second_up_leaves_bootstrap_kubeconfig_and_secrets_alone(deployment):
     assert second.run.exports["talosconfig"] == first.run.exports["talosconfig"]
     assert (second.monitor.state_named("secrets").outputs["bundle"]
             == first.monitor.state_named("secrets").outputs["bundle"])
+
+
+# --- a third `pulumi up` with nothing changed -----------------------------------------------------
+
+
+def test_up_without_changes_changes_nothing(deployment):
+    second, unchanged = deployment.second, deployment.unchanged
+    assert {step.op for step in unchanged.monitor.steps} == {"same"}
+    assert unchanged.calls == second.calls  # not one call to any node
+    assert len(deployment.factory.requests) == 1
+    assert unchanged.run.exports == second.run.exports
