@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi.dynamic as dynamic
-from pulumi.runtime import rpc
+from pulumi.runtime import known_types, rpc
 
 from providers import machine_config, pki, talos_client, talos_secrets
 from providers.config_redaction import redact_config
@@ -35,7 +35,10 @@ DEFAULT_RENEW_BEFORE_DAYS = 30
 
 
 def has_unknowns(value: Any) -> bool:
-    """True when a preview has not computed (part of) the value yet."""
+    """True when a preview has not computed (part of) the value yet. The dynamic-provider host hands
+    such values to check and diff as `pulumi.output.Unknown`; the wire's sentinel string counts too."""
+    if known_types.is_unknown(value):
+        return True
     if isinstance(value, str):
         return value == rpc.UNKNOWN
     if isinstance(value, Mapping):

@@ -12,6 +12,10 @@ engine and the Python dynamic-provider host (pulumi/dynamic/__main__.py) do toge
   - outputs come back with `__provider` added, and secret where the input of the same name was
     secret or the resource lists them in additional_secret_outputs, as the engine marks them.
 State (id, checked inputs, outputs) is kept by URN in `state`; pass it as `previous` to the next run.
+With `preview=True` (run_program(preview=True), as `pulumi preview` and the preview `pulumi up` starts
+with): values not known yet reach check and diff as `pulumi.output.Unknown`, as the host deserializes
+them; nothing is created or updated, a planned create or update answers its checked inputs (the
+outputs it computes stay unknown) and `state` is left as `previous` was.
 Not emulated: replacements (a diff asking for one fails the run) and deleting resources a run no
 longer registers. Proxmox, Kubernetes and Helm resources are echoed as tests/mocked_program.py does.
 """
@@ -75,11 +79,12 @@ class DeploymentMonitor(RecordingMonitor):
     """A resource monitor for run_program(monitor=...) that deploys dynamic resources (see module doc)."""
 
     def __init__(self, config: Optional[Mapping[str, Any]] = None,
-                 previous: Optional[Mapping[str, ResourceState]] = None):
+                 previous: Optional[Mapping[str, ResourceState]] = None, preview: bool = False):
         super().__init__(_DeploymentMocks(self))
         self.config = dict(config or {})  # full keys (`<namespace>:<key>`) as the engine sends them
         self.previous = dict(previous or {})
-        self.state: dict[str, ResourceState] = {}
+        self.preview = preview
+        self.state: dict[str, ResourceState] = dict(self.previous) if preview else {}
         self.steps: list[Step] = []
         self._providers: dict[str, ResourceProvider] = {}
         self._request = threading.local()  # the RegisterResource request being served on this thread
@@ -116,7 +121,9 @@ class DeploymentMonitor(RecordingMonitor):
                 raise EngineError(f"{urn}: check failed: "
                                   + "; ".join(f"{f.property}: {f.reason}" for f in checked.failures))
             inputs = {**checked.inputs, PROVIDER_KEY: news[PROVIDER_KEY]}
-            if old is None:
+            if old is None and self.preview:
+                op, id_, outputs = "create", "", dict(inputs)
+            elif old is None:
                 op, created = "create", provider.create(dict(inputs))
                 id_, outputs = created.id, created.outs or {}
             else:
@@ -124,7 +131,9 @@ class DeploymentMonitor(RecordingMonitor):
                 if diff.replaces:
                     raise EngineError(f"{urn}: diff asks to replace {diff.replaces}; this stand-in does not replace")
                 changed = diff.changes if diff.changes is not None else old.inputs != inputs
-                if changed:
+                if changed and self.preview:
+                    op, id_, outputs = "update", old.id, dict(inputs)
+                elif changed:
                     op, id_ = "update", old.id
                     outputs = provider.update(old.id, dict(old.outputs), dict(inputs)).outs or {}
                 else:
@@ -135,6 +144,7 @@ class DeploymentMonitor(RecordingMonitor):
             raise EngineError(f"{urn}: {type(exc).__name__}: {exc}") from exc
         outputs = {**outputs, PROVIDER_KEY: inputs[PROVIDER_KEY]}
         with self._state_lock:
-            self.state[urn] = ResourceState(urn, id_, inputs, outputs)
+            if not self.preview:
+                self.state[urn] = ResourceState(urn, id_, inputs, outputs)
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}

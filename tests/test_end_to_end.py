@@ -7,7 +7,9 @@ and one FakeTalosNode per node, listening on the node's own stack IP at port 500
 addresses 127.0.0.2-5 — in maintenance mode, learning its identity from the config it is sent.
 Proxmox, Kubernetes and Helm resources are echoed; the health wait is off.
 
-The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
+Each `up` starts with its preview, as `pulumi up` does: values not known yet reach the providers'
+check and diff as the dynamic-provider host hands them over, and the preview must plan exactly the
+steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
 worker only, over mutual TLS; a third with nothing changed must change nothing.
 """
 
@@ -21,12 +23,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pulumi.output import Unknown
 
 from components import render
-from providers import rolling, talos_secrets
+from providers import dynamic_talos, rolling, talos_secrets
 from providers.cluster_plan import image_facts
 from providers.settings import PROJECT, load_settings
-from providers.talos_api import operations
+from providers.talos_api import operations, resources
 from providers.talos_api.client import TalosClient, read_talosconfig
 from providers.talos_api.retry import Backoff
 from tests.e2e_engine import DeploymentMonitor
@@ -94,8 +97,11 @@ def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[s
 
 @dataclass
 class Up:
-    """One `pulumi up`: what the user sees (exports, steps) and what each node had received by its end."""
+    """One `pulumi up`: its preview (the plan, and how many calls each node and the factory had received
+    after it), what the user sees (exports, steps) and what each node had received by its end."""
 
+    plan: DeploymentMonitor
+    after_preview: dict[str, int]
     run: ProgramRun
     monitor: DeploymentMonitor
     config: dict
@@ -143,17 +149,25 @@ def deployment(tmp_path_factory):
             ups = []
             for worker_patch in (FIRST_PATCH, CHANGED_PATCH, CHANGED_PATCH):
                 config = e2e_config(factory.url, worker_patch)
-                monitor = DeploymentMonitor(engine_config(config), previous=monitors[-1].state if monitors else None)
+                previous = monitors[-1].state if monitors else None
+                plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
+                run_program(config, stack=STACK, preview=True, monitor=plan)
+                after_preview = {"factory": len(factory.requests), **{n: len(f.calls) for n, f in fakes.items()}}
+                monitor = DeploymentMonitor(engine_config(config), previous=previous)
                 monitors.append(monitor)
                 run = run_program(config, stack=STACK, monitor=monitor)
                 secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
-                ups.append(Up(run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
+                ups.append(Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
                               {n: f.mode for n, f in fakes.items()},
                               rendered_configs(config, secrets_yaml, tmp_path_factory.mktemp("render"))))
             yield Deployment(*ups, factory=factory, nodes=fakes)
         finally:
             for fake in fakes.values():
                 fake.stop()
+
+
+def planned(monitor: DeploymentMonitor) -> set[tuple[str, str]]:
+    return {(step.name, step.op) for step in monitor.steps}
 
 
 def sysctls(config: bytes) -> dict:
@@ -163,6 +177,17 @@ def sysctls(config: bytes) -> dict:
 
 def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
     return [call for call in calls if call.rpc == "ApplyConfiguration"]
+
+
+# --- every `pulumi up` ----------------------------------------------------------------------------
+
+
+def test_each_preview_plans_exactly_what_its_up_does_and_calls_no_node(deployment):
+    before = {"factory": 0, **{name: 0 for name, _, _ in NODES}}
+    for up in (deployment.first, deployment.second, deployment.unchanged):
+        assert planned(up.plan) == planned(up.monitor)
+        assert up.after_preview == before
+        before = {"factory": len(deployment.factory.requests), **{n: len(c) for n, c in up.calls.items()}}
 
 
 # --- the first `pulumi up` ------------------------------------------------------------------------
@@ -272,3 +297,23 @@ def test_up_without_changes_changes_nothing(deployment):
     assert unchanged.calls == second.calls  # not one call to any node
     assert len(deployment.factory.requests) == 1
     assert unchanged.run.exports == second.run.exports
+
+
+# --- what a preview hands the providers: unknowns as `pulumi.output.Unknown` -----------------------
+
+
+def test_providers_take_unknowns_as_the_dynamic_provider_host_passes_them():
+    """The host deserializes a value a preview has not computed as pulumi.output.Unknown (not the wire's
+    sentinel string): checks must defer, diffs must say "changed" rather than fail."""
+    unknown = Unknown()
+    config_inputs = {"secrets": unknown, "cluster_name": "dev", "endpoint": "https://127.0.0.100:6443",
+                     "role": "worker", "talos_version": "v1.13.7", "kubernetes_version": "1.36.2", "patches": []}
+    assert dynamic_talos.MachineConfigurationProvider().check({}, config_inputs).failures == []
+    talosconfig_inputs = {"secrets": unknown, "context": "dev", "endpoints": ["127.0.0.2"], "nodes": ["127.0.0.2"]}
+    assert dynamic_talos.TalosconfigProvider().check({}, talosconfig_inputs).failures == []
+    apply_olds = {"node": "127.0.0.5", "mode": "auto", "timeout_seconds": 600, "config_sha256": "0" * 64}
+    apply_news = {**apply_olds, "machine_configuration": unknown}
+    assert resources.ConfigurationApplyProvider().diff("127.0.0.5", apply_olds, apply_news).changes is True
+    kubeconfig_olds = {"node": "127.0.0.2", "timeout_seconds": 600, "talosconfig_sha256": "0" * 64}
+    kubeconfig_news = {**kubeconfig_olds, "talosconfig": unknown}
+    assert resources.KubeconfigProvider().diff("kubeconfig-127.0.0.2", kubeconfig_olds, kubeconfig_news).changes is True

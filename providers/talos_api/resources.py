@@ -15,6 +15,8 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
+from providers.dynamic_talos import has_unknowns
+
 from . import operations
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
@@ -22,6 +24,11 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 
 def _timeout(props: dict[str, Any]) -> float:
     return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
+
+
+def _sha256(value: Any) -> Optional[str]:
+    """operations.config_sha256, or None while a preview does not know the value yet (so it differs)."""
+    return None if has_unknowns(value) else operations.config_sha256(value)
 
 
 def _state(olds: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +94,7 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         changed = [key for key in _APPLY_SETTINGS if olds.get(key) != news.get(key)]
-        if olds.get("config_sha256") != operations.config_sha256(news["machine_configuration"]):
+        if olds.get("config_sha256") != _sha256(news["machine_configuration"]):
             changed.append("machine_configuration")
         replaces = ["node"] if "node" in changed else []
         return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[],
@@ -180,7 +187,7 @@ class KubeconfigProvider(_TalosNodeProvider):
     def _refetch(self, olds: dict[str, Any], news: dict[str, Any]) -> bool:
         # Talos issues a fresh client certificate per call: fetch again only when the source changed.
         return (olds.get("node") != news.get("node") or olds.get("endpoint") != news.get("endpoint")
-                or olds.get("talosconfig_sha256") != operations.config_sha256(news["talosconfig"]))
+                or olds.get("talosconfig_sha256") != _sha256(news["talosconfig"]))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         changed = self._refetch(olds, news) or olds.get("timeout_seconds") != news.get("timeout_seconds")
