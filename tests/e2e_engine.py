@@ -45,6 +45,7 @@ class ResourceState:
     id: str
     inputs: dict  # as checked, plain values, with __provider
     outputs: dict  # plain values, with __provider
+    secret_outputs: frozenset  # the output names the engine marks secret
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,6 @@ class DeploymentMonitor(RecordingMonitor):
         outputs = {**outputs, PROVIDER_KEY: inputs[PROVIDER_KEY]}
         with self._state_lock:
             if not self.preview:
-                self.state[urn] = ResourceState(urn, id_, inputs, outputs)
+                self.state[urn] = ResourceState(urn, id_, inputs, outputs, frozenset(secret & set(outputs)))
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}

@@ -15,6 +15,7 @@ worker only, over mutual TLS; a third with nothing changed must change nothing.
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import json
@@ -317,3 +318,18 @@ def test_providers_take_unknowns_as_the_dynamic_provider_host_passes_them():
     kubeconfig_olds = {"node": "127.0.0.2", "timeout_seconds": 600, "talosconfig_sha256": "0" * 64}
     kubeconfig_news = {**kubeconfig_olds, "talosconfig": unknown}
     assert resources.KubeconfigProvider().diff("kubeconfig-127.0.0.2", kubeconfig_olds, kubeconfig_news).changes is True
+
+
+def test_no_key_or_token_is_stored_or_exported_in_plain_text(deployment):
+    """Every output that carries key material is a Pulumi secret, in state and in the stack's exports."""
+    bundle = deployment.first.monitor.state_named("secrets").outputs["bundle"]
+    needles = {bundle["cluster"]["secret"], bundle["trustdinfo"]["token"], *bundle["secrets"].values(),
+               *(pair["key"] for pair in bundle["certs"].values())}
+    needles |= {base64.b64decode(key).decode().splitlines()[1] for key in needles if key.startswith("LS0t")}
+    needles.add("PRIVATE KEY")
+    for up in (deployment.first, deployment.second):
+        for state in up.monitor.state.values():
+            plain = json.dumps({k: v for k, v in state.outputs.items() if k not in state.secret_outputs})
+            assert not [n for n in needles if n in plain], state.urn
+        plain_exports = json.dumps({k: v for k, v in up.run.exports.items() if k not in up.run.secret_exports})
+        assert not [n for n in needles if n in plain_exports]
