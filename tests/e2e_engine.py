@@ -11,7 +11,8 @@ engine and the Python dynamic-provider host (pulumi/dynamic/__main__.py) do toge
     changes; no changes keeps the old outputs;
   - outputs come back with `__provider` added, and secret where the input of the same name was
     secret or the resource lists them in additional_secret_outputs, as the engine marks them.
-State (id, checked inputs, outputs) is kept by URN in `state`; pass it as `previous` to the next run.
+State (id, checked inputs, outputs) is kept by URN in `state` as the engine stores it (through protobuf:
+tuples come back as lists, ints as floats); pass it as `previous` to the next run.
 With `preview=True` (run_program(preview=True), as `pulumi preview` and the preview `pulumi up` starts
 with): values not known yet reach check and diff as `pulumi.output.Unknown`, as the host deserializes
 them; nothing is created or updated, a planned create or update answers its checked inputs (the
@@ -32,6 +33,7 @@ import pulumi
 from pulumi.dynamic import Config, ConfigureRequest, ResourceProvider
 from pulumi.runtime import rpc
 from pulumi.runtime._serialization import _deserialize
+from pulumi.runtime.sync_await import _sync_await
 
 from providers.settings import PROJECT
 from tests.mocked_program import PROVIDER_KEY, RecordingMocks, RecordingMonitor
@@ -57,6 +59,11 @@ class Step:
 
 class EngineError(Exception):
     """What `pulumi up` would report for a resource: a check failure or a provider error."""
+
+
+def stored(properties: dict) -> dict:
+    """`properties` as they come back from the engine's state: serialized to protobuf and back."""
+    return rpc.deserialize_properties(_sync_await(rpc.serialize_properties(properties, {})))
 
 
 def load_provider(serialized: str, config: Mapping[str, Any]) -> ResourceProvider:
@@ -146,6 +153,7 @@ class DeploymentMonitor(RecordingMonitor):
         outputs = {**outputs, PROVIDER_KEY: inputs[PROVIDER_KEY]}
         with self._state_lock:
             if not self.preview:
-                self.state[urn] = ResourceState(urn, id_, inputs, outputs, frozenset(secret & set(outputs)))
+                self.state[urn] = ResourceState(urn, id_, stored(inputs), stored(outputs),
+                                                frozenset(secret & set(outputs)))
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}
