@@ -10,7 +10,8 @@ Proxmox, Kubernetes and Helm resources are echoed; the health wait is off.
 Each `up` starts with its preview, as `pulumi up` does: values not known yet reach the providers'
 check and diff as the dynamic-provider host hands them over, and the preview must plan exactly the
 steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
-worker only, over mutual TLS; a third with nothing changed must change nothing.
+worker only, over mutual TLS; a third with nothing changed must change nothing; a fourth adds a
+worker (a fifth stand-in, at 127.0.0.6, in maintenance until then) and must touch only that worker.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ TALOS_API_PORT = 50000
 NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-cp-2", "controlplane", "127.0.0.3"),
          ("e2e-cp-3", "controlplane", "127.0.0.4"), ("e2e-worker-1", "worker", "127.0.0.5")]
 WORKER = "e2e-worker-1"
+ADDED = ("e2e-worker-2", "worker", "127.0.0.6")
 FIRST_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "1024"}}}
 CHANGED_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "4096"}}}
 KUBECONFIG = """\
@@ -65,8 +67,8 @@ users:
 FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
 
 
-def e2e_config(factory_url: str, worker_patch: dict) -> dict:
-    """stacks/Pulumi.dev.yaml moved onto loopback: nodes at 127.0.0.2-5, the factory stand-in, no health wait."""
+def e2e_config(factory_url: str, worker_patch: dict, nodes=NODES) -> dict:
+    """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` at 127.0.0.x, the factory stand-in, no health wait."""
     config = stack_config("dev")
     config["cluster"]["vip"] = "127.0.0.100"
     config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
@@ -76,7 +78,7 @@ def e2e_config(factory_url: str, worker_patch: dict) -> dict:
     config["nodes"] = [
         {**templates[role], "name": name, "ip": ip, "vmId": 9100 + i, "mac": f"bc:24:11:00:01:{i:02x}",
          **({"patches": [worker_patch]} if name == WORKER else {})}
-        for i, (name, role, ip) in enumerate(NODES)]
+        for i, (name, role, ip) in enumerate(nodes)]
     return config
 
 
@@ -93,7 +95,7 @@ def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[s
     (directory / "secrets.yaml").write_text(secrets_yaml)
     assert render.main(["--stack", STACK, "--out", str(out), "--secrets", str(directory / "secrets.yaml"),
                         "--stacks-dir", str(stacks)]) == 0
-    return {name: (out / f"{name}.yaml").read_bytes() for name, _, _ in NODES}
+    return {node["name"]: (out / f"{node['name']}.yaml").read_bytes() for node in config["nodes"]}
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Deployment:
     first: Up
     second: Up
     unchanged: Up
+    added: Up
     factory: StandInFactory
     nodes: dict[str, FakeTalosNode]
 
@@ -136,7 +139,7 @@ def deployment(tmp_path_factory):
             return talos_secrets.ca_pair(monitors[0].state_named("secrets").outputs["bundle"], "os")
 
         try:
-            for name, _, ip in NODES:
+            for name, _, ip in [*NODES, ADDED]:
                 fakes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip, port=TALOS_API_PORT,
                                             install_downtime=0.2, trustd=trustd)
         except OSError as exc:
@@ -148,8 +151,9 @@ def deployment(tmp_path_factory):
         fakes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
         try:
             ups = []
-            for worker_patch in (FIRST_PATCH, CHANGED_PATCH, CHANGED_PATCH):
-                config = e2e_config(factory.url, worker_patch)
+            for worker_patch, nodes in ((FIRST_PATCH, NODES), (CHANGED_PATCH, NODES), (CHANGED_PATCH, NODES),
+                                        (CHANGED_PATCH, [*NODES, ADDED])):
+                config = e2e_config(factory.url, worker_patch, nodes)
                 previous = monitors[-1].state if monitors else None
                 plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
                 run_program(config, stack=STACK, preview=True, monitor=plan)
@@ -184,8 +188,8 @@ def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
 
 
 def test_each_preview_plans_exactly_what_its_up_does_and_calls_no_node(deployment):
-    before = {"factory": 0, **{name: 0 for name, _, _ in NODES}}
-    for up in (deployment.first, deployment.second, deployment.unchanged):
+    before = {"factory": 0, **{name: 0 for name in deployment.nodes}}
+    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added):
         assert planned(up.plan) == planned(up.monitor)
         assert up.after_preview == before
         before = {"factory": len(deployment.factory.requests), **{n: len(c) for n, c in up.calls.items()}}
@@ -224,14 +228,14 @@ def test_each_node_got_one_insecure_apply_of_what_the_render_command_writes(depl
 
 
 def test_every_node_ends_in_configured_mode(deployment):
-    assert deployment.first.modes == {name: "configured" for name, _, _ in NODES}
+    assert deployment.first.modes == {**{name: "configured" for name, _, _ in NODES}, ADDED[0]: "maintenance"}
 
 
 def test_bootstrap_once_on_the_first_control_plane_over_mtls(deployment):
     first = deployment.first
     bootstraps = {name: [c for c in calls if c.rpc == "Bootstrap"] for name, calls in first.calls.items()}
     assert {name: len(found) for name, found in bootstraps.items()} == {
-        name: int(name == "e2e-cp-1") for name, _, _ in NODES}
+        name: int(name == "e2e-cp-1") for name in deployment.nodes}
     [call] = bootstraps["e2e-cp-1"]
     assert (call.mode, call.roles) == ("configured", ("os:admin",))
     assert load_settings(first.config).bootstrap_node.name == "e2e-cp-1"
@@ -327,9 +331,27 @@ def test_no_key_or_token_is_stored_or_exported_in_plain_text(deployment):
                *(pair["key"] for pair in bundle["certs"].values())}
     needles |= {base64.b64decode(key).decode().splitlines()[1] for key in needles if key.startswith("LS0t")}
     needles.add("PRIVATE KEY")
-    for up in (deployment.first, deployment.second):
+    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added):
         for state in up.monitor.state.values():
             plain = json.dumps({k: v for k, v in state.outputs.items() if k not in state.secret_outputs})
             assert not [n for n in needles if n in plain], state.urn
         plain_exports = json.dumps({k: v for k, v in up.run.exports.items() if k not in up.run.secret_exports})
         assert not [n for n in needles if n in plain_exports]
+
+
+# --- a fourth `pulumi up`: a worker added ---------------------------------------------------------
+
+
+def test_adding_a_worker_creates_only_its_resources_and_applies_to_it_alone(deployment):
+    unchanged, added = deployment.unchanged, deployment.added
+    name = ADDED[0]
+    assert added.steps("create") == {f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
+    assert added.steps("update") == set()
+    [apply] = applies(added.calls[name])
+    assert (apply.mode, apply.roles) == ("maintenance", ())
+    assert apply.request.data == added.rendered[name]
+    assert added.modes[name] == "configured"
+    assert {n: c for n, c in added.calls.items() if n != name} == {n: c for n, c in unchanged.calls.items() if n != name}
+    assert {n: added.rendered[n] for n in unchanged.rendered} == unchanged.rendered
+    assert (added.run.exports["kubeconfig"], added.run.exports["talosconfig"]) == (
+        unchanged.run.exports["kubeconfig"], unchanged.run.exports["talosconfig"])
