@@ -178,7 +178,8 @@ class FakeTalosNode:
         self._client_cas = b""
         self._configured_identity: tuple[bytes, bytes] | None = None
         if bundle is not None:
-            self._take_identity(*talos_secrets.ca_pair(bundle, "os"))
+            os_ca, os_key = talos_secrets.ca_pair(bundle, "os")
+            self._take_identity(os_ca, (os_ca, os_key))
         elif mode != "maintenance":
             raise ValueError("a stand-in node made without a secrets bundle must start in maintenance mode")
         maintenance_ca, maintenance_key = pki.new_ca(key_type="ed25519")
@@ -214,11 +215,10 @@ class FakeTalosNode:
             context.load_verify_locations(cadata=self._client_cas.decode("ascii"))
         return context
 
-    def _take_identity(self, os_ca: bytes, signer_cert: bytes, signer_key: bytes | None = None) -> None:
-        """Trust client certificates from `os_ca`; serve a certificate for `host` signed by the signer
-        (given as CA certificate and key, or as the OS CA's key alone)."""
-        if signer_key is None:
-            signer_cert, signer_key = os_ca, signer_cert
+    def _take_identity(self, os_ca: bytes, signer: tuple[bytes, bytes]) -> None:
+        """Trust client certificates from `os_ca`; serve a certificate for `host` signed by `signer`
+        (CA certificate, key)."""
+        signer_cert, signer_key = signer
         self._client_cas = b"".join((os_ca,) + self._accepted_cas)
         self._configured_identity = pki.issue_certificate(
             signer_cert, signer_key, common_name=self.hostname, ip_addresses=[self.host], key_type="ed25519",
@@ -232,9 +232,9 @@ class FakeTalosNode:
         except (yaml.YAMLError, StopIteration, KeyError, TypeError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"stand-in: no machine.ca in the config ({exc})")
         if os_key:
-            self._take_identity(os_ca, os_key)
+            self._take_identity(os_ca, (os_ca, os_key))
         elif self._trustd is not None:
-            self._take_identity(os_ca, *self._trustd())
+            self._take_identity(os_ca, self._trustd())
         else:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "stand-in: a worker config needs trustd")
 
