@@ -55,9 +55,6 @@ def _check_result(news: dict, property_name: str, error: Exception | None) -> dy
 
 # --- MachineSecrets ----------------------------------------------------------------------------
 
-SECRETS_INPUTS = ("talos_version", "adopt_yaml")
-
-
 def _secrets_bundle(props: Mapping[str, Any]) -> tuple[dict, bool]:
     """(bundle, adopted) for the inputs: the adopted bundle, or a fresh one."""
     if props.get("adopt_yaml"):
@@ -105,9 +102,12 @@ class MachineSecretsProvider(dynamic.ResourceProvider):
         return dynamic.CreateResult(id_=uuid.uuid4().hex, outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        # Never a replacement: new secrets would orphan every node of a running cluster.
-        changed = [k for k in SECRETS_INPUTS if k in news and news.get(k) != olds.get(k)]
-        return dynamic.DiffResult(changes=bool(changed), replaces=[],
+        # Never a replacement: new secrets would orphan every node of a running cluster. Nor an update for a
+        # new talos_version alone (a Talos upgrade): the bundle stays (so does the talos_version output, the
+        # version it was made for), and an update would leave it unknown in the preview (the Python
+        # dynamic-provider host does not pass `stables` on), showing the talosconfig and kubeconfig changing.
+        changed = "adopt_yaml" in news and news["adopt_yaml"] != olds.get("adopt_yaml")
+        return dynamic.DiffResult(changes=changed, replaces=[],
                                   stables=["bundle", "secrets_yaml", "adopted"], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:

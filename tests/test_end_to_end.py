@@ -11,7 +11,8 @@ Each `up` starts with its preview, as `pulumi up` does: values not known yet rea
 check and diff as the dynamic-provider host hands them over, and the preview must plan exactly the
 steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
 worker only, over mutual TLS; a third with nothing changed must change nothing; a fourth adds a
-worker (a fifth stand-in, at 127.0.0.6, in maintenance until then) and must touch only that worker.
+worker (a fifth stand-in, at 127.0.0.6, in maintenance until then) and must touch only that worker;
+a fifth upgrades Talos, which must roll through the nodes one at a time, control planes first.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from providers.cluster_plan import image_facts
 from providers.settings import PROJECT, load_settings
 from providers.talos_api import operations, resources
 from providers.talos_api.client import TalosClient, read_talosconfig
+from providers.talos_api.generated.machine import machine_pb2
 from providers.talos_api.retry import Backoff
 from tests.e2e_engine import DeploymentMonitor
 from tests.factory_stand_in import StandInFactory
@@ -46,6 +48,7 @@ NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-cp-2", "controlplane",
          ("e2e-cp-3", "controlplane", "127.0.0.4"), ("e2e-worker-1", "worker", "127.0.0.5")]
 WORKER = "e2e-worker-1"
 ADDED = ("e2e-worker-2", "worker", "127.0.0.6")
+TALOS, UPGRADE = "v1.13.7", "v1.13.8"
 FIRST_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "1024"}}}
 CHANGED_PATCH = {"machine": {"sysctls": {"net.core.somaxconn": "4096"}}}
 KUBECONFIG = """\
@@ -67,10 +70,10 @@ users:
 FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
 
 
-def e2e_config(factory_url: str, worker_patch: dict, nodes=NODES) -> dict:
+def e2e_config(factory_url: str, worker_patch: dict, nodes=NODES, talos_version: str = TALOS) -> dict:
     """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` at 127.0.0.x, the factory stand-in, no health wait."""
     config = stack_config("dev")
-    config["cluster"]["vip"] = "127.0.0.100"
+    config["cluster"].update(vip="127.0.0.100", talosVersion=talos_version)
     config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
     config["image"]["factoryUrl"] = factory_url
     config["health"] = {"wait": False}
@@ -122,6 +125,7 @@ class Deployment:
     second: Up
     unchanged: Up
     added: Up
+    upgraded: Up
     factory: StandInFactory
     nodes: dict[str, FakeTalosNode]
 
@@ -141,7 +145,7 @@ def deployment(tmp_path_factory):
         try:
             for name, _, ip in [*NODES, ADDED]:
                 fakes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip, port=TALOS_API_PORT,
-                                            install_downtime=0.2, trustd=trustd)
+                                            install_downtime=0.2, trustd=trustd, version_tag=TALOS)
         except OSError as exc:
             for fake in fakes.values():
                 fake.stop()
@@ -149,11 +153,18 @@ def deployment(tmp_path_factory):
                 pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")
             raise
         fakes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
+        members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
+                                          client_urls=[f"https://{ip}:2379"])
+                   for i, (name, role, ip) in enumerate(NODES) if role == "controlplane"]
+        for name, role, _ in [*NODES, ADDED]:  # what a healthy node reports once the cluster runs
+            fakes[name].etcd_members = list(members) if role == "controlplane" else []
+            fakes[name].services = [s for s in fakes[name].services if role == "controlplane" or s.id != "etcd"]
         try:
             ups = []
-            for worker_patch, nodes in ((FIRST_PATCH, NODES), (CHANGED_PATCH, NODES), (CHANGED_PATCH, NODES),
-                                        (CHANGED_PATCH, [*NODES, ADDED])):
-                config = e2e_config(factory.url, worker_patch, nodes)
+            for worker_patch, nodes, talos in ((FIRST_PATCH, NODES, TALOS), (CHANGED_PATCH, NODES, TALOS),
+                                               (CHANGED_PATCH, NODES, TALOS), (CHANGED_PATCH, [*NODES, ADDED], TALOS),
+                                               (CHANGED_PATCH, [*NODES, ADDED], UPGRADE)):
+                config = e2e_config(factory.url, worker_patch, nodes, talos)
                 previous = monitors[-1].state if monitors else None
                 plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
                 run_program(config, stack=STACK, preview=True, monitor=plan)
@@ -189,7 +200,7 @@ def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
 
 def test_each_preview_plans_exactly_what_its_up_does_and_calls_no_node(deployment):
     before = {"factory": 0, **{name: 0 for name in deployment.nodes}}
-    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added):
+    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added, deployment.upgraded):
         assert planned(up.plan) == planned(up.monitor)
         assert up.after_preview == before
         before = {"factory": len(deployment.factory.requests), **{n: len(c) for n, c in up.calls.items()}}
@@ -215,7 +226,7 @@ def test_schematic_is_registered_once_with_the_locally_computed_id(deployment):
     assert hashlib.sha256(body).hexdigest() == sid
     assert deployment.first.run.exports["schematicId"] == sid
     assert deployment.first.run.exports["installerImage"] == (
-        f"{deployment.factory.url.removeprefix('http://')}/installer/{sid}:v1.13.7")
+        f"{deployment.factory.url.removeprefix('http://')}/installer/{sid}:{TALOS}")
 
 
 def test_each_node_got_one_insecure_apply_of_what_the_render_command_writes(deployment):
@@ -331,7 +342,7 @@ def test_no_key_or_token_is_stored_or_exported_in_plain_text(deployment):
                *(pair["key"] for pair in bundle["certs"].values())}
     needles |= {base64.b64decode(key).decode().splitlines()[1] for key in needles if key.startswith("LS0t")}
     needles.add("PRIVATE KEY")
-    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added):
+    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added, deployment.upgraded):
         for state in up.monitor.state.values():
             plain = json.dumps({k: v for k, v in state.outputs.items() if k not in state.secret_outputs})
             assert not [n for n in needles if n in plain], state.urn
@@ -355,3 +366,36 @@ def test_adding_a_worker_creates_only_its_resources_and_applies_to_it_alone(depl
     assert {n: added.rendered[n] for n in unchanged.rendered} == unchanged.rendered
     assert (added.run.exports["kubeconfig"], added.run.exports["talosconfig"]) == (
         unchanged.run.exports["kubeconfig"], unchanged.run.exports["talosconfig"])
+
+
+# --- a fifth `pulumi up`: a Talos upgrade ---------------------------------------------------------
+
+
+def test_talos_upgrade_rolls_one_node_at_a_time_control_planes_first(deployment):
+    added, upgraded = deployment.added, deployment.upgraded
+    order = [name for name, role, _ in NODES if role == "controlplane"] + [WORKER, ADDED[0]]
+    new_calls = {name: upgraded.calls[name][len(added.calls[name]):] for name in order}
+    upgrades = {name: [c for c in calls if c.rpc == "Upgrade"] for name, calls in new_calls.items()}
+    assert {name: len(found) for name, found in upgrades.items()} == {name: 1 for name in order}
+    installer = upgraded.run.exports["installerImage"]
+    assert installer.endswith(f":{UPGRADE}")
+    for name in order:
+        [call] = upgrades[name]
+        assert (call.request.image, call.mode, call.roles) == (installer, "configured", ("os:admin",)), name
+        assert deployment.nodes[name].version_tag == UPGRADE
+        # then the new configuration (its install image changed), over mTLS
+        last = applies(new_calls[name])[-1]
+        assert (last.request.data, last.roles) == (upgraded.rendered[name], ("os:admin",)), name
+    started = [upgrades[name][0].at for name in order]
+    assert started == sorted(started)
+    for before, after in zip(order, order[1:]):
+        # the next node starts only once the one before answers healthy on the new version
+        healthy = [c.at for c in new_calls[before] if c.rpc == "ServiceList"]
+        assert healthy and max(healthy) < upgrades[after][0].at, (before, after)
+
+
+def test_talos_upgrade_leaves_secrets_talosconfig_bootstrap_and_kubeconfig_alone(deployment):
+    upgraded = deployment.upgraded
+    assert not {"secrets", "talosconfig", "bootstrap", "kubeconfig"} & upgraded.steps("update")
+    assert upgraded.run.exports["kubeconfig"] == deployment.added.run.exports["kubeconfig"]
+    assert len(deployment.factory.requests) == 1  # same schematic: nothing to register
