@@ -17,8 +17,11 @@ With `preview=True` (run_program(preview=True), as `pulumi preview` and the prev
 with): values not known yet reach check and diff as `pulumi.output.Unknown`, as the host deserializes
 them; nothing is created or updated, a planned create or update answers its checked inputs (the
 outputs it computes stay unknown) and `state` is left as `previous` was.
-Not emulated: replacements (a diff asking for one fails the run) and deleting resources a run no
-longer registers. Proxmox, Kubernetes and Helm resources are echoed as tests/mocked_program.py does.
+After the program, `delete_unregistered()` deletes what the previous run left and this one did not
+register, as the engine does at the end of a deployment: delete(id, old outputs), dependents first
+(here: latest made first), skipped in a preview, which only plans them.
+Not emulated: replacements (a diff asking for one fails the run). Proxmox, Kubernetes and Helm
+resources are echoed as tests/mocked_program.py does.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class ResourceState:
 class Step:
     urn: str
     name: str
-    op: str  # "create", "update" or "same"
+    op: str  # "create", "update", "same" or "delete"
 
 
 class EngineError(Exception):
@@ -157,3 +160,17 @@ class DeploymentMonitor(RecordingMonitor):
                                                 frozenset(secret & set(outputs)))
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}
+
+    def delete_unregistered(self) -> None:
+        """The end of a deployment: delete each resource of `previous` that this run did not register."""
+        registered = {r.urn for r in self.registrations}
+        for urn in reversed(list(self.previous)):
+            if urn in registered:
+                continue
+            old = self.previous[urn]
+            if not self.preview:
+                try:
+                    load_provider(old.outputs[PROVIDER_KEY], self.config).delete(old.id, dict(old.outputs))
+                except Exception as exc:
+                    raise EngineError(f"{urn}: delete failed: {type(exc).__name__}: {exc}") from exc
+            self.steps.append(Step(urn, urn.rsplit("::", 1)[1], "delete"))

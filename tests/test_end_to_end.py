@@ -12,7 +12,8 @@ check and diff as the dynamic-provider host hands them over, and the preview mus
 steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
 worker only, over mutual TLS; a third with nothing changed must change nothing; a fourth adds a
 worker (a fifth stand-in, at 127.0.0.6, in maintenance until then) and must touch only that worker;
-a fifth upgrades Talos, which must roll through the nodes one at a time, control planes first.
+a fifth upgrades Talos, which must roll through the nodes one at a time, control planes first; a
+sixth removes the added worker again, which must reset it and leave every other node alone.
 """
 
 from __future__ import annotations
@@ -126,8 +127,13 @@ class Deployment:
     unchanged: Up
     added: Up
     upgraded: Up
+    removed: Up
     factory: StandInFactory
     nodes: dict[str, FakeTalosNode]
+
+    @property
+    def ups(self) -> list[Up]:
+        return [self.first, self.second, self.unchanged, self.added, self.upgraded, self.removed]
 
 
 @pytest.fixture(scope="module")
@@ -163,15 +169,17 @@ def deployment(tmp_path_factory):
             ups = []
             for worker_patch, nodes, talos in ((FIRST_PATCH, NODES, TALOS), (CHANGED_PATCH, NODES, TALOS),
                                                (CHANGED_PATCH, NODES, TALOS), (CHANGED_PATCH, [*NODES, ADDED], TALOS),
-                                               (CHANGED_PATCH, [*NODES, ADDED], UPGRADE)):
+                                               (CHANGED_PATCH, [*NODES, ADDED], UPGRADE), (CHANGED_PATCH, NODES, UPGRADE)):
                 config = e2e_config(factory.url, worker_patch, nodes, talos)
                 previous = monitors[-1].state if monitors else None
                 plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
                 run_program(config, stack=STACK, preview=True, monitor=plan)
+                plan.delete_unregistered()
                 after_preview = {"factory": len(factory.requests), **{n: len(f.calls) for n, f in fakes.items()}}
                 monitor = DeploymentMonitor(engine_config(config), previous=previous)
                 monitors.append(monitor)
                 run = run_program(config, stack=STACK, monitor=monitor)
+                monitor.delete_unregistered()
                 secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
                 ups.append(Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
                               {n: f.mode for n, f in fakes.items()},
@@ -200,7 +208,7 @@ def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
 
 def test_each_preview_plans_exactly_what_its_up_does_and_calls_no_node(deployment):
     before = {"factory": 0, **{name: 0 for name in deployment.nodes}}
-    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added, deployment.upgraded):
+    for up in deployment.ups:
         assert planned(up.plan) == planned(up.monitor)
         assert up.after_preview == before
         before = {"factory": len(deployment.factory.requests), **{n: len(c) for n, c in up.calls.items()}}
@@ -342,7 +350,7 @@ def test_no_key_or_token_is_stored_or_exported_in_plain_text(deployment):
                *(pair["key"] for pair in bundle["certs"].values())}
     needles |= {base64.b64decode(key).decode().splitlines()[1] for key in needles if key.startswith("LS0t")}
     needles.add("PRIVATE KEY")
-    for up in (deployment.first, deployment.second, deployment.unchanged, deployment.added, deployment.upgraded):
+    for up in deployment.ups:
         for state in up.monitor.state.values():
             plain = json.dumps({k: v for k, v in state.outputs.items() if k not in state.secret_outputs})
             assert not [n for n in needles if n in plain], state.urn
@@ -399,3 +407,21 @@ def test_talos_upgrade_leaves_secrets_talosconfig_bootstrap_and_kubeconfig_alone
     assert not {"secrets", "talosconfig", "bootstrap", "kubeconfig"} & upgraded.steps("update")
     assert upgraded.run.exports["kubeconfig"] == deployment.added.run.exports["kubeconfig"]
     assert len(deployment.factory.requests) == 1  # same schematic: nothing to register
+
+
+# --- a sixth `pulumi up`: the added worker removed ------------------------------------------------
+
+
+def test_removing_a_worker_resets_it_and_deletes_only_its_resources(deployment):
+    upgraded, removed = deployment.upgraded, deployment.removed
+    name = ADDED[0]
+    assert removed.steps("delete") == {f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
+    assert removed.steps("create") == removed.steps("update") == set()
+    new_calls = [c for c in removed.calls[name][len(upgraded.calls[name]):] if c.rpc != "Version"]
+    [reset] = [c for c in new_calls if c.rpc == "Reset"]
+    assert (reset.request.graceful, reset.request.reboot, reset.roles) == (True, False, ("os:admin",))
+    assert not [c for c in new_calls if c.rpc.startswith("Etcd")]  # a worker has no etcd member
+    assert {n: c for n, c in removed.calls.items() if n != name} == {
+        n: c for n, c in upgraded.calls.items() if n != name}
+    assert not [urn for urn in removed.monitor.state if urn.endswith(f"-{name}")]
+    assert [urn for urn in upgraded.monitor.state if urn.endswith(f"-{name}")]
