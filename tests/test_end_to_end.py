@@ -1,19 +1,20 @@
-"""`pulumi up` of the real program, twice, with the real dynamic providers doing real work.
+"""`pulumi up` of the real program, six times over, with the real dynamic providers doing real work.
 
 The program (`__main__.py`) runs under tests/e2e_engine.py's monitor, which deploys every dynamic
-resource the way the engine and the dynamic-provider host would (check, create; on the second run
-diff and update). Only the far side is stood in for: the Image Factory (tests/factory_stand_in.py)
-and one FakeTalosNode per node, listening on the node's own stack IP at port 50000 — loopback
-addresses 127.0.0.2-5 — in maintenance mode, learning its identity from the config it is sent.
-Proxmox, Kubernetes and Helm resources are echoed; the health wait is off.
+resource the way the engine and the dynamic-provider host would (check, then create, or diff and
+update against the previous run's state, and delete what a run no longer registers). Only the far
+side is stood in for: the Image Factory (tests/factory_stand_in.py) and one FakeTalosNode per node,
+listening on the node's own stack IP at port 50000 — loopback addresses 127.0.0.2-6 — in
+maintenance mode, learning its identity from the config it is sent. Proxmox, Kubernetes and Helm
+resources are echoed; the health wait is off.
 
 Each `up` starts with its preview, as `pulumi up` does: values not known yet reach the providers'
 check and diff as the dynamic-provider host hands them over, and the preview must plan exactly the
-steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second changes one worker's patch and must re-apply to that
-worker only, over mutual TLS; a third with nothing changed must change nothing; a fourth adds a
-worker (a fifth stand-in, at 127.0.0.6, in maintenance until then) and must touch only that worker;
-a fifth upgrades Talos, which must roll through the nodes one at a time, control planes first; a
-sixth removes the added worker again, which must reset it and leave every other node alone.
+steps the `up` then takes, without calling any node. The first `up` makes the cluster; the second
+changes one worker's patch and must re-apply to that worker only, over mutual TLS; the third, with
+nothing changed, must change nothing; the fourth adds a worker (127.0.0.6, in maintenance until then)
+and must touch only it; the fifth upgrades Talos, one node at a time, control planes first; the
+sixth removes the added worker, which must be reset while every other node is left alone.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ users:
   user: {client-certificate-data: c3RhbmQtaW4gY2VydA==, client-key-data: c3RhbmQtaW4ga2V5}
 """
 FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
+# (the worker's patch, the nodes, the Talos version) of each `pulumi up`, in order
+UPS = (
+    (FIRST_PATCH, NODES, TALOS),  # first: a new cluster
+    (CHANGED_PATCH, NODES, TALOS),  # second: one worker's patch changed
+    (CHANGED_PATCH, NODES, TALOS),  # unchanged
+    (CHANGED_PATCH, [*NODES, ADDED], TALOS),  # added: one worker more
+    (CHANGED_PATCH, [*NODES, ADDED], UPGRADE),  # upgraded
+    (CHANGED_PATCH, NODES, UPGRADE),  # removed: that worker gone again
+)
 
 
 def e2e_config(factory_url: str, worker_patch: dict, nodes=NODES, talos_version: str = TALOS) -> dict:
@@ -167,9 +177,7 @@ def deployment(tmp_path_factory):
             fakes[name].services = [s for s in fakes[name].services if role == "controlplane" or s.id != "etcd"]
         try:
             ups = []
-            for worker_patch, nodes, talos in ((FIRST_PATCH, NODES, TALOS), (CHANGED_PATCH, NODES, TALOS),
-                                               (CHANGED_PATCH, NODES, TALOS), (CHANGED_PATCH, [*NODES, ADDED], TALOS),
-                                               (CHANGED_PATCH, [*NODES, ADDED], UPGRADE), (CHANGED_PATCH, NODES, UPGRADE)):
+            for worker_patch, nodes, talos in UPS:
                 config = e2e_config(factory.url, worker_patch, nodes, talos)
                 previous = monitors[-1].state if monitors else None
                 plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
