@@ -11,35 +11,53 @@ engine and the Python dynamic-provider host (pulumi/dynamic/__main__.py) do toge
     changes; no changes keeps the old outputs;
   - outputs come back with `__provider` added, and secret where the input of the same name was
     secret or the resource lists them in additional_secret_outputs, as the engine marks them.
-State (id, checked inputs, outputs) is kept by URN in `state` as the engine stores it (through protobuf:
-tuples come back as lists, ints as floats); pass it as `previous` to the next run.
+State (id, checked inputs, outputs, dependencies) is kept by URN in `state` as the engine stores it
+(through protobuf: tuples come back as lists, ints as floats); pass it as `previous` to the next run.
+It starts as `previous` and each step replaces its resource's entry, so after a failed run it holds
+what the failed run finished plus what it never reached, as the engine's snapshot does.
 With `preview=True` (run_program(preview=True), as `pulumi preview` and the preview `pulumi up` starts
 with): values not known yet reach check and diff as `pulumi.output.Unknown`, as the host deserializes
 them; nothing is created or updated, a planned create or update answers its checked inputs (the
 outputs it computes stay unknown) and `state` is left as `previous` was.
 After the program, `delete_unregistered()` deletes what the previous run left and this one did not
-register, as the engine does at the end of a deployment: delete(id, old outputs), dependents first
-(here: latest made first), skipped in a preview, which only plans them.
+register, as the engine does at the end of a deployment: delete(id, old outputs), each resource
+before those it depends on; skipped in a preview, which only plans them.
 Not emulated: replacements (a diff asking for one fails the run). Proxmox, Kubernetes and Helm
-resources are echoed as tests/mocked_program.py does.
+resources are echoed as tests/mocked_program.py does; they are kept in `state` (no outputs) only so
+that their deletes are steps too, in dependency order (a removed node's VM after its lifecycle).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
+import json
 import threading
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import dill
+import grpc
 import pulumi
+import pytest
+import yaml
 from pulumi.dynamic import Config, ConfigureRequest, ResourceProvider
 from pulumi.runtime import rpc
 from pulumi.runtime._serialization import _deserialize
 from pulumi.runtime.sync_await import _sync_await
 
+from components import render
+from providers import node_removal, rolling, talos_secrets
 from providers.settings import PROJECT
-from tests.mocked_program import PROVIDER_KEY, RecordingMocks, RecordingMonitor
+from providers.talos_api import operations
+from providers.talos_api.generated.machine import machine_pb2
+from providers.talos_api.retry import Backoff
+from tests.factory_stand_in import StandInFactory
+from tests.mocked_program import PROVIDER_KEY, ProgramRun, RecordingMocks, RecordingMonitor, run_program, stack_config
+from tests.talos_api_server import FakeTalosNode, RecordedCall
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
 
@@ -51,6 +69,8 @@ class ResourceState:
     inputs: dict  # as checked, plain values, with __provider
     outputs: dict  # plain values, with __provider
     secret_outputs: frozenset  # the output names the engine marks secret
+    dependencies: tuple = ()  # URNs this resource depends on (explicit and through its inputs)
+    dynamic: bool = True  # False: an echoed resource, kept for its delete step only
 
 
 @dataclass(frozen=True)
@@ -58,6 +78,7 @@ class Step:
     urn: str
     name: str
     op: str  # "create", "update", "same" or "delete"
+    at: float = field(default_factory=time.monotonic, compare=False)  # when it finished
 
 
 class EngineError(Exception):
@@ -83,7 +104,9 @@ class _DeploymentMocks(RecordingMocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if args.typ == DYNAMIC_TYPE:
             return self.monitor.step(args)
-        return super().new_resource(args)
+        id_, outputs = super().new_resource(args)
+        self.monitor.echoed(id_)
+        return id_, outputs
 
 
 class DeploymentMonitor(RecordingMonitor):
@@ -95,7 +118,7 @@ class DeploymentMonitor(RecordingMonitor):
         self.config = dict(config or {})  # full keys (`<namespace>:<key>`) as the engine sends them
         self.previous = dict(previous or {})
         self.preview = preview
-        self.state: dict[str, ResourceState] = dict(self.previous) if preview else {}
+        self.state: dict[str, ResourceState] = dict(self.previous)
         self.steps: list[Step] = []
         self._providers: dict[str, ResourceProvider] = {}
         self._request = threading.local()  # the RegisterResource request being served on this thread
@@ -117,6 +140,15 @@ class DeploymentMonitor(RecordingMonitor):
     def state_named(self, name: str) -> ResourceState:
         [found] = [s for s in self.state.values() if s.urn.endswith(f"::{name}")]
         return found
+
+    def echoed(self, id_: str) -> None:
+        """Keep an echoed (non-dynamic) resource in state, so that removing it is a delete step."""
+        request = self._request.current
+        if self.preview or request is None or not request.custom:
+            return
+        urn = self.make_urn(request.parent, request.type, request.name)
+        with self._state_lock:
+            self.state[urn] = ResourceState(urn, id_, {}, {}, frozenset(), tuple(request.dependencies), dynamic=False)
 
     def step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         request = self._request.current
@@ -157,20 +189,203 @@ class DeploymentMonitor(RecordingMonitor):
         with self._state_lock:
             if not self.preview:
                 self.state[urn] = ResourceState(urn, id_, stored(inputs), stored(outputs),
-                                                frozenset(secret & set(outputs)))
+                                                frozenset(secret & set(outputs)), tuple(request.dependencies))
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}
 
     def delete_unregistered(self) -> None:
-        """The end of a deployment: delete each resource of `previous` that this run did not register."""
+        """The end of a deployment: delete each resource of `previous` that this run did not register,
+        each before the resources it depends on."""
         registered = {r.urn for r in self.registrations}
-        for urn in reversed(list(self.previous)):
-            if urn in registered:
-                continue
+        for urn in deletion_order(self.previous, [urn for urn in self.previous if urn not in registered]):
             old = self.previous[urn]
             if not self.preview:
-                try:
-                    load_provider(old.outputs[PROVIDER_KEY], self.config).delete(old.id, dict(old.outputs))
-                except Exception as exc:
-                    raise EngineError(f"{urn}: delete failed: {type(exc).__name__}: {exc}") from exc
+                if old.dynamic:
+                    try:
+                        load_provider(old.outputs[PROVIDER_KEY], self.config).delete(old.id, dict(old.outputs))
+                    except Exception as exc:
+                        raise EngineError(f"{urn}: delete failed: {type(exc).__name__}: {exc}") from exc
+                del self.state[urn]
             self.steps.append(Step(urn, urn.rsplit("::", 1)[1], "delete"))
+
+
+def deletion_order(state: Mapping[str, ResourceState], urns: list[str]) -> list[str]:
+    """`urns` ordered so that each comes before every resource (of `urns`) it depends on."""
+    doomed, order, seen = set(urns), [], set()
+
+    def visit(urn: str) -> None:  # post-order over "is depended on by": dependents land first
+        if urn in seen:
+            return
+        seen.add(urn)
+        for other in urns:
+            if urn in state[other].dependencies:
+                visit(other)
+        order.append(urn)
+
+    for urn in reversed(urns):
+        visit(urn)
+    return [urn for urn in order if urn in doomed]
+
+
+# --- the far side of an end-to-end `pulumi up`, and one `up` (its preview first) at a time ----------
+
+STACK = "e2e"
+TALOS_API_PORT = 50000
+FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
+REACH_TIMEOUT = 1.0  # how long an unanswering node is tried before it counts as gone (real: a minute)
+
+
+def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional[Mapping[str, list]] = None,
+               kubernetes_version: Optional[str] = None, health: Optional[dict] = None) -> dict:
+    """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` [(name, role, ip)] at 127.0.0.x, the factory
+    stand-in, per-node `patches` by name, no health wait unless `health` says otherwise."""
+    config = stack_config("dev")
+    config["cluster"].update(vip="127.0.0.100", talosVersion=talos_version)
+    if kubernetes_version is not None:
+        config["cluster"]["kubernetesVersion"] = kubernetes_version
+    config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
+    config["image"]["factoryUrl"] = factory_url
+    config["health"] = health or {"wait": False}
+    templates = {node["role"]: node for node in config["nodes"]}
+    config["nodes"] = [
+        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + i, "mac": f"bc:24:11:00:01:{i:02x}",
+         **({"patches": list(patches[name])} if patches and name in patches else {})}
+        for i, (name, role, ip) in enumerate(nodes)]
+    return config
+
+
+def engine_config(config: dict) -> dict:
+    return {f"{PROJECT}:{key}": json.dumps(value) for key, value in config.items()}
+
+
+def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[str, bytes]:
+    """What `python -m components.render --stack e2e --secrets <bundle>` writes for each node."""
+    stacks, out = directory / "stacks", directory / "out"
+    stacks.mkdir(parents=True)
+    (stacks / f"Pulumi.{STACK}.yaml").write_text(
+        yaml.safe_dump({"config": {f"{PROJECT}:{k}": v for k, v in config.items()}}))
+    (directory / "secrets.yaml").write_text(secrets_yaml)
+    assert render.main(["--stack", STACK, "--out", str(out), "--secrets", str(directory / "secrets.yaml"),
+                        "--stacks-dir", str(stacks)]) == 0
+    return {node["name"]: (out / f"{node['name']}.yaml").read_bytes() for node in config["nodes"]}
+
+
+@dataclass
+class Up:
+    """One `pulumi up`: its preview (the plan, and how many calls each node and the factory had received
+    after it), what the user sees (exports, steps, the error of a failed up) and what each node had
+    received by its end."""
+
+    plan: DeploymentMonitor
+    after_preview: dict[str, int]
+    run: ProgramRun
+    monitor: DeploymentMonitor
+    config: dict
+    calls: dict[str, list[RecordedCall]]
+    modes: dict[str, str]
+    rendered: dict[str, bytes]
+    error: Optional[BaseException] = None
+
+    def steps(self, op: str) -> set[str]:
+        return {step.name for step in self.monitor.steps if step.op == op}
+
+    def new_calls(self, before: "Up", name: str) -> list[RecordedCall]:
+        """What node `name` received during this up (its preview included) and not by the end of `before`."""
+        return self.calls[name][len(before.calls[name]):]
+
+
+class StandInCluster:
+    """The factory stand-in and one FakeTalosNode per node [(name, role, ip)] on ip:50000, in
+    maintenance mode until configured. The control planes share one etcd member list, as one etcd
+    cluster does: a member that leaves, or is removed through any of them, is gone for all."""
+
+    def __init__(self, factory: StandInFactory, nodes, talos_version: str, render_dir: Callable[[], Path]):
+        self.factory, self.render_dir = factory, render_dir
+        self.monitors: list[DeploymentMonitor] = []
+        self.nodes: dict[str, FakeTalosNode] = {}
+        self.control_planes = [name for name, role, _ in nodes if role == "controlplane"]
+        try:
+            for name, _, ip in nodes:
+                self.nodes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip,
+                                                 port=TALOS_API_PORT, install_downtime=0.2, trustd=self._trustd,
+                                                 version_tag=talos_version)
+        except OSError:
+            self.stop()
+            raise
+        members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
+                                          client_urls=[f"https://{ip}:2379"])
+                   for i, (name, role, ip) in enumerate(nodes) if role == "controlplane"]
+        for name, role, _ in nodes:  # what a healthy node reports once the cluster runs
+            fake = self.nodes[name]
+            fake.etcd_members = list(members) if role == "controlplane" else []
+            fake.services = [s for s in fake.services if role == "controlplane" or s.id != "etcd"]
+            if role == "controlplane":
+                fake.behaviours.update(EtcdLeaveCluster=self._leave, EtcdRemoveMemberByID=self._remove)
+
+    def _trustd(self) -> tuple[bytes, bytes]:
+        # trustd on the control planes signs a joining worker's apid certificate with the OS CA
+        return talos_secrets.ca_pair(self.monitors[0].state_named("secrets").outputs["bundle"], "os")
+
+    def _forget(self, gone) -> None:
+        for name in self.control_planes:
+            self.nodes[name].etcd_members = [m for m in self.nodes[name].etcd_members if not gone(m)]
+
+    def _leave(self, node: FakeTalosNode, _request, _context):
+        self._forget(lambda member: member.hostname == node.hostname)
+        return machine_pb2.EtcdLeaveClusterResponse(messages=[machine_pb2.EtcdLeaveCluster()])
+
+    def _remove(self, node: FakeTalosNode, request, context):
+        if not any(m.id == request.member_id for m in node.etcd_members):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"member {request.member_id:x} not found")
+        self._forget(lambda member: member.id == request.member_id)
+        return machine_pb2.EtcdRemoveMemberByIDResponse(messages=[machine_pb2.EtcdRemoveMemberByID()])
+
+    def counts(self) -> dict[str, int]:
+        return {"factory": len(self.factory.requests), **{n: len(f.calls) for n, f in self.nodes.items()}}
+
+    def up(self, config: dict, *, fails: bool = False) -> Up:
+        """`pulumi up` of `config` after the last up: its preview, then the up itself. An up that fails
+        raises, unless `fails` (then the error is in Up.error and the state is what the engine keeps)."""
+        previous = self.monitors[-1].state if self.monitors else None
+        plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
+        run_program(config, stack=STACK, preview=True, monitor=plan)
+        plan.delete_unregistered()
+        after_preview = self.counts()
+        monitor = DeploymentMonitor(engine_config(config), previous=previous)
+        self.monitors.append(monitor)
+        error = None
+        try:
+            run = run_program(config, stack=STACK, monitor=monitor)
+            monitor.delete_unregistered()
+        except Exception as exc:  # noqa: BLE001 - what `pulumi up` would print
+            if not fails:
+                raise
+            run, error = exc.program_run, exc  # type: ignore[attr-defined]
+        assert not fails or error is not None, "expected this up to fail"
+        secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
+        return Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in self.nodes.items()},
+                  {n: f.mode for n, f in self.nodes.items()},
+                  rendered_configs(config, secrets_yaml, self.render_dir()), error)
+
+    def stop(self) -> None:
+        for fake in self.nodes.values():
+            fake.stop()
+
+
+@contextlib.contextmanager
+def e2e_cluster(nodes, talos_version: str, tmp_path_factory) -> Iterator[StandInCluster]:
+    """A StandInCluster for a module's ups, with retries made fast; skips where 127.0.0.x cannot be bound."""
+    with StandInFactory() as factory, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+        patch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
+        patch.setattr(node_removal, "REACH_TIMEOUT", REACH_TIMEOUT)
+        try:
+            cluster = StandInCluster(factory, nodes, talos_version, lambda: tmp_path_factory.mktemp("render"))
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:  # e.g. macOS, where only 127.0.0.1 is configured
+                pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")
+            raise
+        try:
+            yield cluster
+        finally:
+            cluster.stop()

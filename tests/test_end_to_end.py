@@ -20,31 +20,23 @@ sixth removes the added worker, which must be reset while every other node is le
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import yaml
 from pulumi.output import Unknown
 
-from components import render
-from providers import dynamic_talos, rolling, talos_secrets
+from providers import dynamic_talos
 from providers.cluster_plan import image_facts
-from providers.settings import PROJECT, load_settings
-from providers.talos_api import operations, resources
+from providers.settings import load_settings
+from providers.talos_api import resources
 from providers.talos_api.client import TalosClient, read_talosconfig
-from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
-from tests.e2e_engine import DeploymentMonitor
+from tests.e2e_engine import DeploymentMonitor, Up, e2e_cluster, e2e_config
 from tests.factory_stand_in import StandInFactory
-from tests.mocked_program import ProgramRun, run_program, stack_config
 from tests.talos_api_server import FakeTalosNode, RecordedCall
 
-STACK = "e2e"
-TALOS_API_PORT = 50000
 # name, role, address: three control planes and a worker, each at its own loopback address
 NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-cp-2", "controlplane", "127.0.0.3"),
          ("e2e-cp-3", "controlplane", "127.0.0.4"), ("e2e-worker-1", "worker", "127.0.0.5")]
@@ -69,7 +61,6 @@ users:
 - name: admin@dev
   user: {client-certificate-data: c3RhbmQtaW4gY2VydA==, client-key-data: c3RhbmQtaW4ga2V5}
 """
-FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
 # (the worker's patch, the nodes, the Talos version) of each `pulumi up`, in order
 UPS = (
     (FIRST_PATCH, NODES, TALOS),  # first: a new cluster
@@ -79,55 +70,6 @@ UPS = (
     (CHANGED_PATCH, [*NODES, ADDED], UPGRADE),  # upgraded
     (CHANGED_PATCH, NODES, UPGRADE),  # removed: that worker gone again
 )
-
-
-def e2e_config(factory_url: str, worker_patch: dict, nodes=NODES, talos_version: str = TALOS) -> dict:
-    """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` at 127.0.0.x, the factory stand-in, no health wait."""
-    config = stack_config("dev")
-    config["cluster"].update(vip="127.0.0.100", talosVersion=talos_version)
-    config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
-    config["image"]["factoryUrl"] = factory_url
-    config["health"] = {"wait": False}
-    templates = {node["role"]: node for node in config["nodes"]}
-    config["nodes"] = [
-        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + i, "mac": f"bc:24:11:00:01:{i:02x}",
-         **({"patches": [worker_patch]} if name == WORKER else {})}
-        for i, (name, role, ip) in enumerate(nodes)]
-    return config
-
-
-def engine_config(config: dict) -> dict:
-    return {f"{PROJECT}:{key}": json.dumps(value) for key, value in config.items()}
-
-
-def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[str, bytes]:
-    """What `python -m components.render --stack e2e --secrets <bundle>` writes for each node."""
-    stacks, out = directory / "stacks", directory / "out"
-    stacks.mkdir(parents=True)
-    (stacks / f"Pulumi.{STACK}.yaml").write_text(
-        yaml.safe_dump({"config": {f"{PROJECT}:{k}": v for k, v in config.items()}}))
-    (directory / "secrets.yaml").write_text(secrets_yaml)
-    assert render.main(["--stack", STACK, "--out", str(out), "--secrets", str(directory / "secrets.yaml"),
-                        "--stacks-dir", str(stacks)]) == 0
-    return {node["name"]: (out / f"{node['name']}.yaml").read_bytes() for node in config["nodes"]}
-
-
-@dataclass
-class Up:
-    """One `pulumi up`: its preview (the plan, and how many calls each node and the factory had received
-    after it), what the user sees (exports, steps) and what each node had received by its end."""
-
-    plan: DeploymentMonitor
-    after_preview: dict[str, int]
-    run: ProgramRun
-    monitor: DeploymentMonitor
-    config: dict
-    calls: dict[str, list[RecordedCall]]
-    modes: dict[str, str]
-    rendered: dict[str, bytes]
-
-    def steps(self, op: str) -> set[str]:
-        return {step.name for step in self.monitor.steps if step.op == op}
 
 
 @dataclass
@@ -148,54 +90,11 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    fakes: dict[str, FakeTalosNode] = {}
-    with StandInFactory() as factory, pytest.MonkeyPatch.context() as patch:
-        patch.setattr(operations, "DEFAULT_BACKOFF", FAST)
-        patch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
-        monitors: list[DeploymentMonitor] = []
-
-        def trustd() -> tuple[bytes, bytes]:
-            # trustd on the control planes signs a joining worker's apid certificate with the OS CA
-            return talos_secrets.ca_pair(monitors[0].state_named("secrets").outputs["bundle"], "os")
-
-        try:
-            for name, _, ip in [*NODES, ADDED]:
-                fakes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip, port=TALOS_API_PORT,
-                                            install_downtime=0.2, trustd=trustd, version_tag=TALOS)
-        except OSError as exc:
-            for fake in fakes.values():
-                fake.stop()
-            if exc.errno == errno.EADDRNOTAVAIL:  # e.g. macOS, where only 127.0.0.1 is configured
-                pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")
-            raise
-        fakes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
-        members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
-                                          client_urls=[f"https://{ip}:2379"])
-                   for i, (name, role, ip) in enumerate(NODES) if role == "controlplane"]
-        for name, role, _ in [*NODES, ADDED]:  # what a healthy node reports once the cluster runs
-            fakes[name].etcd_members = list(members) if role == "controlplane" else []
-            fakes[name].services = [s for s in fakes[name].services if role == "controlplane" or s.id != "etcd"]
-        try:
-            ups = []
-            for worker_patch, nodes, talos in UPS:
-                config = e2e_config(factory.url, worker_patch, nodes, talos)
-                previous = monitors[-1].state if monitors else None
-                plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
-                run_program(config, stack=STACK, preview=True, monitor=plan)
-                plan.delete_unregistered()
-                after_preview = {"factory": len(factory.requests), **{n: len(f.calls) for n, f in fakes.items()}}
-                monitor = DeploymentMonitor(engine_config(config), previous=previous)
-                monitors.append(monitor)
-                run = run_program(config, stack=STACK, monitor=monitor)
-                monitor.delete_unregistered()
-                secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
-                ups.append(Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in fakes.items()},
-                              {n: f.mode for n, f in fakes.items()},
-                              rendered_configs(config, secrets_yaml, tmp_path_factory.mktemp("render"))))
-            yield Deployment(*ups, factory=factory, nodes=fakes)
-        finally:
-            for fake in fakes.values():
-                fake.stop()
+    with e2e_cluster([*NODES, ADDED], TALOS, tmp_path_factory) as cluster:
+        cluster.nodes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
+        ups = [cluster.up(e2e_config(cluster.factory.url, nodes, talos, patches={WORKER: [worker_patch]}))
+               for worker_patch, nodes, talos in UPS]
+        yield Deployment(*ups, factory=cluster.factory, nodes=cluster.nodes)
 
 
 def planned(monitor: DeploymentMonitor) -> set[tuple[str, str]]:
@@ -423,8 +322,10 @@ def test_talos_upgrade_leaves_secrets_talosconfig_bootstrap_and_kubeconfig_alone
 def test_removing_a_worker_resets_it_and_deletes_only_its_resources(deployment):
     upgraded, removed = deployment.upgraded, deployment.removed
     name = ADDED[0]
-    assert removed.steps("delete") == {f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
+    assert removed.steps("delete") == {name, f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
     assert removed.steps("create") == removed.steps("update") == set()
+    deleted = [step.name for step in removed.monitor.steps if step.op == "delete"]
+    assert deleted.index(f"apply-{name}") < deleted.index(f"lifecycle-{name}") < deleted.index(name)  # VM last
     new_calls = [c for c in removed.calls[name][len(upgraded.calls[name]):] if c.rpc != "Version"]
     [reset] = [c for c in new_calls if c.rpc == "Reset"]
     assert (reset.request.graceful, reset.request.reboot, reset.roles) == (True, False, ("os:admin",))
