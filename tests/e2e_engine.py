@@ -29,6 +29,7 @@ that their deletes are steps too, in dependency order (a removed node's VM after
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import errno
@@ -46,6 +47,7 @@ import pytest
 import yaml
 from pulumi.dynamic import Config, ConfigureRequest, ResourceProvider
 from pulumi.runtime import rpc
+from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime._serialization import _deserialize
 from pulumi.runtime.sync_await import _sync_await
 
@@ -123,6 +125,8 @@ class DeploymentMonitor(RecordingMonitor):
         self._providers: dict[str, ResourceProvider] = {}
         self._request = threading.local()  # the RegisterResource request being served on this thread
         self._state_lock = threading.Lock()
+        self._in_flight = threading.Condition()
+        self._steps_running = 0
 
     def RegisterResource(self, request):
         self._request.current = request
@@ -151,6 +155,22 @@ class DeploymentMonitor(RecordingMonitor):
             self.state[urn] = ResourceState(urn, id_, {}, {}, frozenset(), tuple(request.dependencies), dynamic=False)
 
     def step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        with self._in_flight:
+            self._steps_running += 1
+        try:
+            return self._step(args)
+        finally:
+            with self._in_flight:
+                self._steps_running -= 1
+                self._in_flight.notify_all()
+
+    def wait_for_steps(self, timeout: float = 60.0) -> None:
+        """Block until no step is running, as the engine lets the steps under way finish after a failure."""
+        with self._in_flight:
+            if not self._in_flight.wait_for(lambda: self._steps_running == 0, timeout):
+                raise EngineError(f"steps still running after {timeout:g}s")
+
+    def _step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         request = self._request.current
         urn = self.make_urn(request.parent, request.type, request.name)
         secret = {key for key, value in args.inputs.items() if rpc.is_rpc_secret(value)}
@@ -247,10 +267,11 @@ def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional
     config["image"]["factoryUrl"] = factory_url
     config["health"] = health or {"wait": False}
     templates = {node["role"]: node for node in config["nodes"]}
+    # VM id and MAC follow the address, so that taking a node out leaves every other node's alone
     config["nodes"] = [
-        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + i, "mac": f"bc:24:11:00:01:{i:02x}",
+        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + host, "mac": f"bc:24:11:00:01:{host:02x}",
          **({"patches": list(patches[name])} if patches and name in patches else {})}
-        for i, (name, role, ip) in enumerate(nodes)]
+        for name, role, ip in nodes for host in [int(ip.rsplit(".", 1)[1])]]
     return config
 
 
@@ -361,6 +382,8 @@ class StandInCluster:
             if not fails:
                 raise
             run, error = exc.program_run, exc  # type: ignore[attr-defined]
+            abandon_pending_tasks()  # the program is over: nothing it still awaited registers now
+            monitor.wait_for_steps()
         assert not fails or error is not None, "expected this up to fail"
         secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
         return Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in self.nodes.items()},
@@ -370,6 +393,19 @@ class StandInCluster:
     def stop(self) -> None:
         for fake in self.nodes.values():
             fake.stop()
+
+
+def abandon_pending_tasks() -> None:
+    """Drop what a failed program left behind, as the language host's exit would, so that it cannot
+    surface in the next run: tasks still waiting on the SDK's event loop, and the failed outputs the
+    SDK keeps in its settings (set_mocks does not reset that set)."""
+    loop = asyncio.get_event_loop()
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    with runtime_settings.SETTINGS.lock:
+        runtime_settings.SETTINGS.outputs.clear()
 
 
 @contextlib.contextmanager
