@@ -26,6 +26,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from providers import node_removal, rolling
+from providers.dynamic_talos import has_unknowns
 from providers.talos_api import operations
 from providers.talos_api.client import read_talosconfig, split_endpoint
 
@@ -107,7 +108,10 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         # Never a replacement: replacing would reset a node that only changed its address.
         changed = [key for key in _COMPARED_AS_IS if olds.get(key) != news.get(key)]
-        if _credentials(olds.get("talosconfig")) != _credentials(news.get("talosconfig")):
+        # A preview does not know the talosconfig while the Talosconfig resource updates (e.g. a control
+        # plane's endpoint added or removed); that update keeps a usable certificate, so unknown is no change.
+        if (not has_unknowns(news.get("talosconfig"))
+                and _credentials(olds.get("talosconfig")) != _credentials(news.get("talosconfig"))):
             changed.append("talosconfig")
         return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 

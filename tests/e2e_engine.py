@@ -395,11 +395,18 @@ class StandInCluster:
             fake.stop()
 
 
+def _quiet_about_reported_failures(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """The failed program's outputs still hold its error when they are collected; it was reported."""
+    if not isinstance(context.get("exception"), EngineError):
+        loop.default_exception_handler(context)
+
+
 def abandon_pending_tasks() -> None:
     """Drop what a failed program left behind, as the language host's exit would, so that it cannot
     surface in the next run: tasks still waiting on the SDK's event loop, and the failed outputs the
     SDK keeps in its settings (set_mocks does not reset that set)."""
     loop = asyncio.get_event_loop()
+    loop.set_exception_handler(_quiet_about_reported_failures)
     pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
     for task in pending:
         task.cancel()

@@ -30,6 +30,13 @@ def config_sha256(machine_configuration: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def credentials_sha256(talosconfig: str | Mapping) -> str:
+    """What a talosconfig authenticates with (OS CA, client certificate and key), hashed; not where it
+    points: its endpoints change whenever a control plane is added or removed."""
+    credentials = read_talosconfig(talosconfig).credentials
+    return hashlib.sha256(b"\0".join((credentials.ca_pem, credentials.cert_pem, credentials.key_pem))).hexdigest()
+
+
 def check_mode(mode: str) -> None:
     if mode not in APPLY_MODES:
         raise ValueError(f"mode {mode!r} is not supported; expected one of {', '.join(APPLY_MODES)}")

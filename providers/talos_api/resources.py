@@ -179,15 +179,24 @@ class KubeconfigProvider(_TalosNodeProvider):
                                                  endpoint=props.get("endpoint"), timeout=_timeout(props))
         return {"node": props["node"], "endpoint": props.get("endpoint"),
                 "timeout_seconds": props.get("timeout_seconds"),
-                "talosconfig_sha256": operations.config_sha256(props["talosconfig"]), "kubeconfig": kubeconfig}
+                "talosconfig_sha256": operations.config_sha256(props["talosconfig"]),
+                "credentials_sha256": operations.credentials_sha256(props["talosconfig"]), "kubeconfig": kubeconfig}
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         return dynamic.CreateResult(id_=f"kubeconfig-{props['node']}", outs=self._fetch(props))
 
     def _refetch(self, olds: dict[str, Any], news: dict[str, Any]) -> bool:
-        # Talos issues a fresh client certificate per call: fetch again only when the source changed.
-        return (olds.get("node") != news.get("node") or olds.get("endpoint") != news.get("endpoint")
-                or olds.get("talosconfig_sha256") != _sha256(news["talosconfig"]))
+        # Talos issues a fresh client certificate per call: fetch again only when the node or the
+        # credentials changed, not when the talosconfig only lists other endpoints (a control plane
+        # added or removed). A preview does not know the talosconfig while the Talosconfig resource
+        # updates; that update keeps a usable certificate, so unknown counts as unchanged.
+        if olds.get("node") != news.get("node") or olds.get("endpoint") != news.get("endpoint"):
+            return True
+        if has_unknowns(news["talosconfig"]):
+            return False
+        if olds.get("credentials_sha256"):
+            return olds["credentials_sha256"] != operations.credentials_sha256(news["talosconfig"])
+        return olds.get("talosconfig_sha256") != operations.config_sha256(news["talosconfig"])  # older state
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         changed = self._refetch(olds, news) or olds.get("timeout_seconds") != news.get("timeout_seconds")
@@ -209,6 +218,7 @@ class Kubeconfig(dynamic.Resource):
                  endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
-                 "talosconfig": pulumi.Output.secret(talosconfig), "talosconfig_sha256": None, "kubeconfig": None}
+                 "talosconfig": pulumi.Output.secret(talosconfig), "talosconfig_sha256": None,
+                 "credentials_sha256": None, "kubeconfig": None}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
         super().__init__(KubeconfigProvider(), name, props, opts)

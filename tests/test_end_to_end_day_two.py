@@ -1,0 +1,259 @@
+"""Day two, end to end: `pulumi up` of the real program (tests/e2e_engine.py) after the cluster exists.
+
+Same engine and stand-ins as tests/test_end_to_end.py: the real dynamic providers against one
+FakeTalosNode per node on 127.0.0.2-5:50000 (three control planes sharing one etcd member list, one
+worker) and the Image Factory stand-in. The ups, in order, each after its preview:
+  first       a new cluster on Talos v1.13.7, Kubernetes 1.36.2 (the Talos line's default);
+  kubernetes  cluster.kubernetesVersion 1.36.3: the new configuration reaches one node at a time,
+              control planes first, each healthy again before the next;
+  failed      Talos v1.13.8 while e2e-cp-2 fails its health check after its Upgrade: the up fails
+              naming it, later nodes are not upgraded, e2e-cp-1 stays upgraded in the state;
+  resumed     the same up once e2e-cp-2 is well again: it continues at e2e-cp-2, not at e2e-cp-1;
+  cp_removed  e2e-cp-3 taken out of the stack: it leaves etcd, then is reset, then its VM goes;
+  unreachable e2e-cp-2 powered off, then taken out of the stack: its etcd member is removed through
+              e2e-cp-1, no reset is attempted, and the up succeeds.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import yaml
+from pulumi.output import Unknown
+
+from providers import node_lifecycle, talos_client
+from providers.talos_api import operations, resources
+from providers.talos_api.client import read_talosconfig
+from tests.e2e_engine import Up, e2e_cluster, e2e_config
+from tests.talos_api_server import FakeTalosNode, RecordedCall, shared_bundle
+
+CP1, CP2, CP3, WORKER = "e2e-cp-1", "e2e-cp-2", "e2e-cp-3", "e2e-worker-1"
+NODES = [(CP1, "controlplane", "127.0.0.2"), (CP2, "controlplane", "127.0.0.3"),
+         (CP3, "controlplane", "127.0.0.4"), (WORKER, "worker", "127.0.0.5")]
+ROLL_ORDER = [CP1, CP2, CP3, WORKER]
+TALOS, UPGRADE = "v1.13.7", "v1.13.8"
+KUBERNETES, NEW_KUBERNETES = "1.36.2", "1.36.3"
+HEALTH_FAILURE = "service kubelet: failed to start after upgrade (stand-in)"
+CP2_MEMBER_ID = 0x101  # the shared etcd's member ids are 0x100 + the node's index
+
+
+def fail_health_after_upgrade(fake: FakeTalosNode) -> None:
+    """From its next Upgrade on (done as Talos does), the node's health check (ServiceList) fails hard."""
+
+    def upgrade(node: FakeTalosNode, request, context):
+        node.behaviours["ServiceList"] = failing_service_list
+        return FakeTalosNode._rpc_Upgrade(node, request, context)
+
+    def failing_service_list(_node, _request, context):
+        context.abort(grpc.StatusCode.INTERNAL, HEALTH_FAILURE)
+
+    fake.behaviours["Upgrade"] = upgrade
+
+
+def recover(fake: FakeTalosNode) -> None:
+    for rpc in ("Upgrade", "ServiceList"):
+        fake.behaviours.pop(rpc, None)
+
+
+@pytest.fixture(scope="module")
+def ups(tmp_path_factory) -> dict:
+    with e2e_cluster(NODES, TALOS, tmp_path_factory) as cluster:
+        url = cluster.factory.url
+        done = {"first": cluster.up(e2e_config(url, NODES, TALOS))}
+        done["kubernetes"] = cluster.up(e2e_config(url, NODES, TALOS, kubernetes_version=NEW_KUBERNETES))
+        upgrade = e2e_config(url, NODES, UPGRADE, kubernetes_version=NEW_KUBERNETES)
+        fail_health_after_upgrade(cluster.nodes[CP2])
+        done["failed"] = cluster.up(upgrade, fails=True)
+        recover(cluster.nodes[CP2])
+        done["resumed"] = cluster.up(upgrade)
+        without_cp3 = [node for node in NODES if node[0] != CP3]
+        done["cp_removed"] = cluster.up(e2e_config(url, without_cp3, UPGRADE, kubernetes_version=NEW_KUBERNETES))
+        cluster.nodes[CP2].go_down()
+        without_cp2 = [node for node in without_cp3 if node[0] != CP2]
+        done["unreachable"] = cluster.up(e2e_config(url, without_cp2, UPGRADE, kubernetes_version=NEW_KUBERNETES))
+        done["etcd"] = {name: [m.hostname for m in cluster.nodes[name].etcd_members] for name in (CP1, CP2, CP3)}
+        yield done
+
+
+def planned(up: Up, monitor_attr: str = "monitor") -> set[tuple[str, str]]:
+    return {(step.name, step.op) for step in getattr(up, monitor_attr).steps}
+
+
+def rpcs(calls: list[RecordedCall], *names: str) -> list[RecordedCall]:
+    return [call for call in calls if call.rpc in names]
+
+
+def kubelet_image(config: bytes) -> str:
+    [v1alpha1] = [d for d in yaml.safe_load_all(config) if isinstance(d, dict) and d.get("version") == "v1alpha1"]
+    return v1alpha1["machine"]["kubelet"]["image"]
+
+
+ORDER = ["first", "kubernetes", "failed", "resumed", "cp_removed", "unreachable"]
+
+
+def test_each_preview_calls_no_node_and_plans_what_its_up_does(ups):
+    before = None
+    for name in ORDER:
+        up = ups[name]
+        if before is not None:
+            assert up.after_preview == {"factory": 1, **{n: len(c) for n, c in before.calls.items()}}, name
+        if name == "failed":  # the up stops at the failing node: it takes a part of the plan
+            assert planned(up) < planned(up, "plan")
+        else:
+            assert planned(up) == planned(up, "plan"), name
+        before = up
+
+
+# --- Kubernetes 1.36.2 -> 1.36.3 ------------------------------------------------------------------
+
+
+def test_kubernetes_change_updates_each_nodes_config_lifecycle_and_apply_only(ups):
+    up = ups["kubernetes"]
+    assert up.steps("update") == {f"{kind}-{name}" for kind in ("machineconfig", "lifecycle", "apply")
+                                  for name in ROLL_ORDER}
+    assert up.steps("create") == up.steps("delete") == set()
+    assert {"secrets", "talosconfig", "bootstrap", "kubeconfig"} <= up.steps("same")
+    assert (up.run.exports["talosconfig"], up.run.exports["kubeconfig"]) == (
+        ups["first"].run.exports["talosconfig"], ups["first"].run.exports["kubeconfig"])
+    for name in ROLL_ORDER:
+        assert not rpcs(up.new_calls(ups["first"], name), "Upgrade", "Bootstrap", "Kubeconfig", "Reset"), name
+
+
+def test_kubernetes_change_reaches_one_node_at_a_time_control_planes_first(ups):
+    first, up = ups["first"], ups["kubernetes"]
+    new = {name: up.new_calls(first, name) for name in ROLL_ORDER}
+    arrived = {}
+    for name in ROLL_ORDER:
+        applied = rpcs(new[name], "ApplyConfiguration")
+        assert applied and all(c.request.data == up.rendered[name] for c in applied), name
+        assert all((c.mode, c.roles) == ("configured", ("os:admin",)) for c in applied), name
+        arrived[name] = applied[0].at
+    assert [arrived[name] for name in ROLL_ORDER] == sorted(arrived.values())
+    for before, after in zip(ROLL_ORDER, ROLL_ORDER[1:]):
+        # healthy again (services listed after its new config) before the next node gets its own
+        checked = [c.at for c in rpcs(new[before], "ServiceList") if c.at > arrived[before]]
+        assert checked and min(checked) < arrived[after], (before, after)
+
+
+def test_kubernetes_change_leaves_each_node_on_the_new_kubelet(ups):
+    first, up = ups["first"], ups["kubernetes"]
+    for name in ROLL_ORDER:
+        assert kubelet_image(first.rendered[name]).endswith(f":v{KUBERNETES}"), name
+        assert kubelet_image(up.rendered[name]) == f"ghcr.io/siderolabs/kubelet:v{NEW_KUBERNETES}", name
+        assert up.calls[name] and rpcs(up.calls[name], "ApplyConfiguration")[-1].request.data == up.rendered[name]
+
+
+# --- a Talos upgrade that stops at a failing node, then resumes -----------------------------------
+
+
+def test_failed_upgrade_names_the_failing_node_and_upgrades_no_later_node(ups):
+    before, failed = ups["kubernetes"], ups["failed"]
+    message = str(failed.error)
+    assert "e2e-cp-2 (127.0.0.3)" in message and HEALTH_FAILURE in message
+    upgrades = {name: rpcs(failed.new_calls(before, name), "Upgrade") for name in ROLL_ORDER}
+    assert {name: len(calls) for name, calls in upgrades.items()} == {CP1: 1, CP2: 1, CP3: 0, WORKER: 0}
+    assert upgrades[CP1][0].at < upgrades[CP2][0].at
+    for name in (CP3, WORKER):
+        assert failed.new_calls(before, name) == [], name  # not even a health check
+
+
+def test_failed_upgrade_keeps_the_first_node_upgraded_in_the_state(ups):
+    failed = ups["failed"]
+    installer = failed.run.exports.get("installerImage") or ups["resumed"].run.exports["installerImage"]
+    assert installer.endswith(f":{UPGRADE}")
+    images = {name: failed.monitor.state_named(f"lifecycle-{name}").outputs["installer_image"] for name in ROLL_ORDER}
+    assert images[CP1] == installer
+    assert all(images[name] != installer for name in (CP2, CP3, WORKER)), images
+    assert {"lifecycle-e2e-cp-1"} <= failed.steps("update")
+    assert not {f"lifecycle-{name}" for name in (CP2, CP3, WORKER)} & failed.steps("update")
+
+
+def test_rerun_after_recovery_continues_at_the_failed_node(ups):
+    failed, resumed = ups["failed"], ups["resumed"]
+    upgrades = {name: rpcs(resumed.new_calls(failed, name), "Upgrade") for name in ROLL_ORDER}
+    assert {name: len(calls) for name, calls in upgrades.items()} == {CP1: 0, CP2: 1, CP3: 1, WORKER: 1}
+    assert upgrades[CP2][0].at < upgrades[CP3][0].at < upgrades[WORKER][0].at
+    assert "lifecycle-e2e-cp-1" in resumed.steps("same")
+    assert resumed.steps("update") >= {f"lifecycle-{name}" for name in (CP2, CP3, WORKER)}
+    installer = resumed.run.exports["installerImage"]
+    for name in ROLL_ORDER:
+        assert resumed.monitor.state_named(f"lifecycle-{name}").outputs["installer_image"] == installer, name
+
+
+# --- a control plane removed ----------------------------------------------------------------------
+
+
+def test_removed_control_plane_leaves_etcd_then_is_reset_before_its_vm_goes(ups):
+    before, removed = ups["resumed"], ups["cp_removed"]
+    assert removed.steps("delete") == {CP3, f"machineconfig-{CP3}", f"lifecycle-{CP3}", f"apply-{CP3}"}
+    assert removed.steps("create") == set()
+    calls = removed.new_calls(before, CP3)
+    [leave] = rpcs(calls, "EtcdLeaveCluster")
+    [reset] = rpcs(calls, "Reset")
+    assert (reset.request.graceful, reset.request.reboot, reset.roles) == (True, False, ("os:admin",))
+    deleted = {step.name: step.at for step in removed.monitor.steps if step.op == "delete"}
+    assert leave.at < reset.at < deleted[f"lifecycle-{CP3}"] < deleted[CP3]  # the VM goes last
+    assert not rpcs(calls, "EtcdRemoveMemberByID")
+
+
+def test_removing_a_control_plane_calls_no_other_node(ups):
+    before, removed = ups["resumed"], ups["cp_removed"]
+    for name in (CP1, CP2, WORKER):
+        assert removed.new_calls(before, name) == [], name
+
+
+def test_removing_a_control_plane_drops_it_from_the_talosconfig_only(ups):
+    before, removed = ups["resumed"], ups["cp_removed"]
+    assert read_talosconfig(removed.run.exports["talosconfig"]).endpoints == ("127.0.0.2", "127.0.0.3")
+    assert removed.steps("update") == {"talosconfig"}
+    assert removed.run.exports["kubeconfig"] == before.run.exports["kubeconfig"]
+
+
+def test_unreachable_control_plane_is_removed_through_another_and_not_reset(ups):
+    before, removed = ups["cp_removed"], ups["unreachable"]
+    assert removed.error is None
+    assert removed.steps("delete") == {CP2, f"machineconfig-{CP2}", f"lifecycle-{CP2}", f"apply-{CP2}"}
+    [removal] = rpcs(removed.new_calls(before, CP1), "EtcdRemoveMemberByID")
+    assert (removal.request.member_id, removal.roles) == (CP2_MEMBER_ID, ("os:admin",))
+    assert all(not rpcs(removed.new_calls(before, name), "Reset", "EtcdLeaveCluster") for name in ROLL_ORDER)
+    assert removed.new_calls(before, WORKER) == []
+    assert ups["etcd"][CP1] == [CP1]
+    assert read_talosconfig(removed.run.exports["talosconfig"]).endpoints == ("127.0.0.2",)
+
+
+# --- what the up above needs of the providers: a talosconfig that only points elsewhere ------------
+
+
+def talosconfig(bundle: dict, endpoints: list[str], certificate=None) -> str:
+    cert, key = certificate or talos_client.issue_admin_certificate(bundle)
+    return talos_client.talosconfig_with_certificate(bundle, "e2e", endpoints, endpoints[:1], cert, key)
+
+
+def test_kubeconfig_is_fetched_again_for_new_credentials_not_for_other_endpoints():
+    bundle = shared_bundle()
+    certificate = talos_client.issue_admin_certificate(bundle)
+    before = talosconfig(bundle, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], certificate)
+    olds = {"node": "127.0.0.2", "endpoint": None, "timeout_seconds": 600,
+            "talosconfig_sha256": operations.config_sha256(before),
+            "credentials_sha256": operations.credentials_sha256(before)}
+    provider = resources.KubeconfigProvider()
+    fewer_endpoints = talosconfig(bundle, ["127.0.0.2", "127.0.0.3"], certificate)
+    renewed = talosconfig(bundle, ["127.0.0.2", "127.0.0.3", "127.0.0.4"])
+    assert provider.diff("k", olds, {**olds, "talosconfig": fewer_endpoints}).changes is False
+    assert provider.diff("k", olds, {**olds, "talosconfig": renewed}).changes is True
+    older_state = {k: v for k, v in olds.items() if k != "credentials_sha256"}  # made before the field
+    assert provider.diff("k", older_state, {**older_state, "talosconfig": before}).changes is False
+    assert provider.diff("k", older_state, {**older_state, "talosconfig": fewer_endpoints}).changes is True
+
+
+def test_node_lifecycle_takes_an_unknown_talosconfig_as_unchanged_credentials():
+    bundle = shared_bundle()
+    olds = {"node_name": CP1, "address": "127.0.0.2", "endpoint": None, "role": "controlplane",
+            "installer_image": "factory/installer/x:v1.13.7", "talos_version": TALOS,
+            "kubernetes_version": KUBERNETES, "timeout_seconds": 1200, "reset_on_delete": True,
+            "talosconfig": talosconfig(bundle, ["127.0.0.2", "127.0.0.3"])}
+    provider = node_lifecycle.NodeLifecycleProvider()
+    assert provider.diff(CP1, olds, {**olds, "talosconfig": Unknown()}).changes is False
+    upgrade = {**olds, "talosconfig": Unknown(), "installer_image": "factory/installer/x:v1.13.8"}
+    assert provider.diff(CP1, olds, upgrade).changes is True
+    assert provider.diff(CP1, olds, {**olds, "talosconfig": talosconfig(bundle, ["127.0.0.2"])}).changes is True
