@@ -147,7 +147,7 @@ class DeploymentMonitor(RecordingMonitor):
 
     def echoed(self, id_: str) -> None:
         """Keep an echoed (non-dynamic) resource in state, so that removing it is a delete step."""
-        request = self._request.current
+        request = getattr(self._request, "current", None)  # None for a read (`Resource.get`)
         if self.preview or request is None or not request.custom:
             return
         urn = self.make_urn(request.parent, request.type, request.name)
