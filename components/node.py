@@ -124,6 +124,7 @@ class TalosNode(pulumi.ComponentResource):
             installer_image=installer_image, talos_version=c.talos_version,
             kubernetes_version=c.kubernetes_version,
             machine_configuration=self.machine_configuration.machine_configuration, talosconfig=talosconfig,
+            timeout_seconds=settings.lifecycle.timeout_seconds, reset_on_delete=settings.lifecycle.reset_on_delete,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.vm, *([previous.lifecycle] if previous else [])]))
 

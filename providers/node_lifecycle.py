@@ -26,11 +26,12 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from providers import node_removal, rolling
+from providers.settings import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers.dynamic_talos import has_unknowns
 from providers.talos_api import operations
 from providers.talos_api.client import read_talosconfig, split_endpoint
 
-DEFAULT_TIMEOUT_SECONDS = 1200.0  # a Talos upgrade drains, installs and reboots
+DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
           "timeout_seconds", "reset_on_delete", "talosconfig")
 # The talosconfig's endpoints and nodes change whenever a node is added; only its credentials matter

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 PROJECT = "talos-proxmox"
 ROLES = ("controlplane", "worker")
-TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "health")
+TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "health", "lifecycle")
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -31,6 +31,7 @@ DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2"}
 # siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
 DEFAULT_CCM_CHART_VERSION = "0.5.4"
 DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
+DEFAULT_LIFECYCLE_TIMEOUT_SECONDS = 1200  # one node's upgrade: drain, install, reboot, healthy again
 DEFAULT_CCM_CONTROLLERS = ("cloud-node", "node-csr-approval")
 KNOWN_CCM_CONTROLLERS = (
     "cloud-node",
@@ -172,6 +173,13 @@ class CcmSettings:
 
 
 @dataclass(frozen=True)
+class LifecycleSettings:
+    """Day two, per node: how long one upgrade or removal may take, and whether a removed node is reset."""
+    timeout_seconds: int = DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
+    reset_on_delete: bool = True
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     """Wait after the add-ons until every node is Ready and CoreDNS is available."""
     wait: bool = True
@@ -189,6 +197,7 @@ class Settings:
     hubble: HubbleSettings
     ccm: CcmSettings
     health: HealthSettings = field(default=HealthSettings())
+    lifecycle: LifecycleSettings = field(default=LifecycleSettings())
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -639,6 +648,17 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
     )
 
 
+def _read_lifecycle(r: _Reader, raw: Any) -> LifecycleSettings:
+    s = r.section(raw, "lifecycle", ("timeoutSeconds", "resetOnDelete"))
+    return LifecycleSettings(
+        timeout_seconds=r.value(s, "timeoutSeconds", "lifecycle.timeoutSeconds", _positive_int,
+                                "is not a timeout in seconds (positive integer)",
+                                default=DEFAULT_LIFECYCLE_TIMEOUT_SECONDS),
+        reset_on_delete=r.value(s, "resetOnDelete", "lifecycle.resetOnDelete", _bool, "is not true or false",
+                                default=True),
+    )
+
+
 def _read_health(r: _Reader, raw: Any) -> HealthSettings:
     s = r.section(raw, "health", ("wait", "timeoutSeconds"))
     return HealthSettings(
@@ -741,6 +761,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
     hubble = _read_hubble(r, raw.get("hubble"))
     ccm = _read_ccm(r, raw.get("ccm"))
     health = _read_health(r, raw.get("health"))
+    lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     if r.problems:
         raise SettingsError(r.problems)
     return Settings(
@@ -753,6 +774,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
         hubble=hubble,
         ccm=ccm,
         health=health,
+        lifecycle=lifecycle,
         warnings=tuple(r.warnings),
     )
 

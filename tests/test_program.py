@@ -211,3 +211,15 @@ def test_hubble_ui_address_is_null_when_the_ui_is_off():
     config = stack_config("test-cluster")
     config["hubble"] = {**config["hubble"], "ui": False}
     assert run_program(config).exports["hubbleUiAddress"] is None
+
+
+def test_lifecycle_settings_reach_every_nodes_lifecycle(run):
+    for node in NODES:
+        inputs = dynamic(run, f"lifecycle-{node['name']}").inputs
+        assert (inputs["timeout_seconds"], inputs["reset_on_delete"]) == (1200, True)
+    config = stack_config("test-cluster")
+    config["lifecycle"] = {"timeoutSeconds": 2400, "resetOnDelete": False}
+    changed = run_program(config)
+    for node in NODES:
+        inputs = dynamic(changed, f"lifecycle-{node['name']}").inputs
+        assert (inputs["timeout_seconds"], inputs["reset_on_delete"]) == (2400, False)

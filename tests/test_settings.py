@@ -73,6 +73,7 @@ def test_defaults_fill_what_a_minimal_stack_leaves_out():
     assert s.nodes[0].nameservers == ("9.9.9.9",)
     assert s.image.schematic == {"customization": {}}
     assert s.image.factory_url == "https://factory.talos.dev"
+    assert (s.lifecycle.timeout_seconds, s.lifecycle.reset_on_delete) == (1200, True)
 
 
 def test_node_with_its_own_prefix_and_gateway():
@@ -185,6 +186,10 @@ BAD_INPUTS = [
      "talos-proxmox:health.wait: 'yes' is not true or false"),
     ("ccm.version", "latest",
      "talos-proxmox:ccm.version: 'latest' is not a chart version (expected e.g. 0.5.4)"),
+    ("lifecycle.timeoutSeconds", 0,
+     "talos-proxmox:lifecycle.timeoutSeconds: 0 is not a timeout in seconds (positive integer)"),
+    ("lifecycle.resetOnDelete", "no",
+     "talos-proxmox:lifecycle.resetOnDelete: 'no' is not true or false"),
     ("image.arch", "riscv64",
      "talos-proxmox:image.arch: 'riscv64' is not a supported architecture (expected amd64 or arm64)"),
     ("image.schematic", {"customisation": {}},
