@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import yaml
 
 from providers.go_yaml import GoYamlError, go_sorted, marshal
+from providers.talos_yaml import TalosLoader
 
 DEFAULT_FACTORY_URL = "https://factory.talos.dev"
 DEFAULT_TIMEOUT_SECONDS = 30.0
@@ -201,33 +202,11 @@ def schematic_id(schematic: Mapping[str, Any]) -> str:
     return hashlib.sha256(marshal_schematic(schematic).encode("utf-8")).hexdigest()
 
 
-class _SchematicLoader(yaml.SafeLoader):
-    """Reads plain scalars as the factory's Go yaml does (YAML 1.2 core), not as YAML 1.1:
-    `off`/`yes`, dates and `1:20` stay strings; only true/false are booleans."""
-
-
-_GO_TYPED = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
-             "tag:yaml.org,2002:timestamp")
-_SchematicLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _GO_TYPED]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_SchematicLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_SchematicLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?(?:0|[1-9][0-9_]*|0[0-7_]+)|0x[0-9a-fA-F_]+|0b[01_]+)$"),
-    list("-+0123456789"))
-_SchematicLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*\.[0-9_]*|[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+)"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
 def load_schematic(text: str, source: str = "schematic") -> dict:
     """Parse a schematic YAML file (as sent with `curl --data-binary @schematic.yaml`) into a dict."""
     try:
-        data = yaml.load(text, Loader=_SchematicLoader)  # noqa: S506 - a SafeLoader subclass
+        # Go yaml's scalar rules, as the factory reads it: `off`/`yes`, dates and `1:20` stay strings.
+        data = yaml.load(text, Loader=TalosLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SchematicError(f"{source}: not valid YAML: {exc}") from None
     data = {} if data is None else data
