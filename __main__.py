@@ -8,8 +8,8 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from components.cluster import TalosCluster
-from providers.credentials import CredentialsError, ensure_no_plaintext_credentials, stack_config_from_runtime
-from providers.settings import TOP_LEVEL_KEYS, SettingsError, load_settings
+from talos_proxmox.settings.credentials import CredentialsError, ensure_no_plaintext_credentials, stack_config_from_runtime
+from talos_proxmox.settings.stack import TOP_LEVEL_KEYS, SettingsError, load_settings
 
 try:
     # A Proxmox token or password in plain stack config is a leaked credential: refuse before anything runs.

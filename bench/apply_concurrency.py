@@ -19,9 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from providers import talos_client, talos_secrets  # noqa: E402
-from providers.talos_api import operations, resources  # noqa: E402
-from providers.talos_api.retry import Backoff  # noqa: E402
+from talos_proxmox.talos_config import client_config
+
+from providers import talos_secrets  # noqa: E402
+from talos_proxmox.talos_api import operations, resources  # noqa: E402
+from talos_proxmox.talos_api.retry import Backoff  # noqa: E402
 from tests.talos_api_server import FakeTalosNode  # noqa: E402
 
 CONFIG = "version: v1alpha1\nmachine:\n  type: controlplane\n"
@@ -65,7 +67,7 @@ def main() -> int:
 
     operations.DEFAULT_BACKOFF = Backoff(initial=0.1, factor=2, maximum=0.5)
     bundle = talos_secrets.generate_secrets("v1.11.5")
-    talosconfig = talos_client.talosconfig(bundle, "bench", ["127.0.0.1"])
+    talosconfig = client_config.talosconfig(bundle, "bench", ["127.0.0.1"])
     run(1, 0.0, bundle, talosconfig)  # warm up the TLS bridge loop and grpc
 
     print(f"{'nodes':>5} {'total s':>8} {'slowest s':>9} {'total/slowest':>13}")

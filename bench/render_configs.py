@@ -16,8 +16,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from providers import machine_config, talos_client  # noqa: E402
-from providers.talos_secrets import generate_secrets  # noqa: E402
+from talos_proxmox.talos_config import machine_config
+
+from providers import talos_client  # noqa: E402
+from talos_proxmox.talos_config.secrets_bundle import generate_secrets  # noqa: E402
 from tests import seed_cluster as seed  # noqa: E402
 
 SIZES = (10, 100, 1000)

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from providers.addons import (
+from talos_proxmox.cluster_plan.addon_values import (
     CCM_RELEASE,
     CILIUM_CHART,
     CILIUM_RELEASE,
@@ -30,8 +30,8 @@ from providers.addons import (
     hubble_ui_exposure,
     load_balancer_host,
 )
-from providers.cluster_health_resource import ClusterHealth
-from providers.settings import Settings
+from providers.cluster_health import ClusterHealth
+from talos_proxmox.settings.stack import Settings
 
 # Seconds Helm waits for a release's workloads; a fresh cluster pulls every image first.
 RELEASE_TIMEOUT_SECONDS = 600

@@ -18,11 +18,12 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
-from providers.cluster_plan import image_facts, talosconfig_inputs
-from providers.rolling import RollNode, roll_order
-from providers.settings import Settings
-from providers.talos_api.resources import Bootstrap, Kubeconfig
-from providers.dynamic_talos import MachineSecrets, Talosconfig
+from talos_proxmox.cluster_plan.resource_inputs import image_facts, talosconfig_inputs
+from talos_proxmox.day_two.rolling import RollNode, roll_order
+from talos_proxmox.settings.stack import Settings
+from providers.talos_operations import Bootstrap, Kubeconfig
+from providers.secrets import MachineSecrets
+from providers.talosconfig import Talosconfig
 
 
 class TalosCluster(pulumi.ComponentResource):

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 import pulumi
 import pulumi_proxmoxve as proxmoxve
 
-from providers.image_factory import (
+from talos_proxmox.image_factory.images import (
     DEFAULT_FACTORY_URL,
     DEFAULT_TIMEOUT_SECONDS,
     iso_file_name,
@@ -15,7 +15,7 @@ from providers.image_factory import (
     normalize_version,
     schematic_id,
 )
-from providers.schematic_resource import Schematic
+from providers.schematic import Schematic
 
 # The factory builds an ISO on its first request, which can take minutes; Proxmox waits this long.
 ISO_DOWNLOAD_TIMEOUT_SECONDS = 1800

@@ -11,11 +11,11 @@ from typing import Optional
 import pulumi
 import pulumi_proxmoxve as proxmoxve
 
-from providers.cluster_plan import machine_config_inputs
-from providers.dynamic_talos import MachineConfiguration
+from talos_proxmox.cluster_plan.resource_inputs import machine_config_inputs
+from providers.machine_configuration import MachineConfiguration
 from providers.node_lifecycle import NodeLifecycle
-from providers.settings import NodeSettings, Settings
-from providers.talos_api.resources import ConfigurationApply
+from talos_proxmox.settings.stack import NodeSettings, Settings
+from providers.talos_operations import ConfigurationApply
 
 # The CD-ROM sits on ide2, Proxmox's own default slot for it and one that q35 machines also have.
 CDROM_INTERFACE = "ide2"

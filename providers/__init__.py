@@ -1,0 +1,46 @@
+"""Pulumi dynamic providers, one module per resource family, each a thin adapter over talos_proxmox.
+
+Code here runs in two places: in the Pulumi program (the resource classes register inputs), and in the
+engine's dynamic-provider host, which unpickles each provider by its module path and calls check,
+diff, create, update, read and delete. Decisions (what to render, when to roll, what is healthy) belong
+to the pure core in talos_proxmox; a provider only maps Pulumi's calls onto it.
+
+| module | resources |
+|---|---|
+| secrets | MachineSecrets: the cluster's secrets bundle |
+| machine_configuration | MachineConfiguration: one node's rendered config |
+| talosconfig | Talosconfig: the talosctl config with its os:admin certificate |
+| schematic | Schematic: the Image Factory schematic |
+| talos_operations | ConfigurationApply, Bootstrap, Kubeconfig: calls to the Talos API |
+| node_lifecycle | NodeLifecycle: upgrades, Kubernetes rolls and removal of one node |
+| cluster_health | ClusterHealth: the wait for a healthy cluster |
+
+dynamic_talos, schematic_resource, cluster_health_resource and talos_api.resources are import shims:
+stacks deployed before the layout change hold providers pickled under those module paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pulumi.dynamic as dynamic
+from pulumi.runtime import known_types, rpc
+
+
+def has_unknowns(value: Any) -> bool:
+    """True when a preview has not computed (part of) the value yet. The dynamic-provider host hands
+    such values to check and diff as `pulumi.output.Unknown`; the wire's sentinel string counts too."""
+    if known_types.is_unknown(value):
+        return True
+    if isinstance(value, str):
+        return value == rpc.UNKNOWN
+    if isinstance(value, Mapping):
+        return any(has_unknowns(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(has_unknowns(v) for v in value)
+    return False
+
+
+def check_result(news: dict, property_name: str, error: Exception | None) -> dynamic.CheckResult:
+    failures = [dynamic.CheckFailure(property_name, str(error))] if error else []
+    return dynamic.CheckResult(news, failures)

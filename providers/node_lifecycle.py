@@ -25,11 +25,11 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from providers import node_removal, rolling
-from providers.settings import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
-from providers.dynamic_talos import has_unknowns
-from providers.talos_api import operations
-from providers.talos_api.client import read_talosconfig, split_endpoint
+from talos_proxmox.day_two import node_removal, rolling
+from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
+from providers import has_unknowns
+from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",

@@ -7,9 +7,9 @@ from typing import Callable
 import pulumi
 import pytest
 
-from providers.rolling import RollNode
-from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
+from talos_proxmox.day_two.rolling import RollNode
+from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api.retry import Backoff
 from tests.mocked_program import RecordingMonitor
 from tests import seed_cluster as seed
 from tests.talos_api_server import FakeTalosNode, client_credentials

@@ -51,12 +51,13 @@ from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime._serialization import _deserialize
 from pulumi.runtime.sync_await import _sync_await
 
-from components import render
-from providers import node_removal, rolling, talos_secrets
-from providers.settings import PROJECT
-from providers.talos_api import operations
-from providers.talos_api.generated.machine import machine_pb2
-from providers.talos_api.retry import Backoff
+from talos_proxmox.commands import render
+from talos_proxmox.day_two import node_removal, rolling
+from talos_proxmox.talos_config import secrets_bundle
+from talos_proxmox.settings.stack import PROJECT
+from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api.retry import Backoff
 from tests.factory_stand_in import StandInFactory
 from tests.mocked_program import PROVIDER_KEY, ProgramRun, RecordingMocks, RecordingMonitor, run_program, stack_config
 from tests.talos_api_server import FakeTalosNode, RecordedCall
@@ -280,7 +281,7 @@ def engine_config(config: dict) -> dict:
 
 
 def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[str, bytes]:
-    """What `python -m components.render --stack e2e --secrets <bundle>` writes for each node."""
+    """What `python -m talos_proxmox.commands.render --stack e2e --secrets <bundle>` writes for each node."""
     stacks, out = directory / "stacks", directory / "out"
     stacks.mkdir(parents=True)
     (stacks / f"Pulumi.{STACK}.yaml").write_text(
@@ -345,7 +346,7 @@ class StandInCluster:
 
     def _trustd(self) -> tuple[bytes, bytes]:
         # trustd on the control planes signs a joining worker's apid certificate with the OS CA
-        return talos_secrets.ca_pair(self.monitors[0].state_named("secrets").outputs["bundle"], "os")
+        return secrets_bundle.ca_pair(self.monitors[0].state_named("secrets").outputs["bundle"], "os")
 
     def _forget(self, gone) -> None:
         for name in self.control_planes:

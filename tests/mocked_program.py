@@ -21,9 +21,9 @@ from pulumi.runtime.mocks import MockMonitor
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _sync_await
 
-from providers.schematic_resource import INPUTS as SCHEMATIC_INPUTS
-from providers.schematic_resource import schematic_outputs
-from providers.settings import PROJECT, stack_file_config
+from providers.schematic import INPUTS as SCHEMATIC_INPUTS
+from providers.schematic import schematic_outputs
+from talos_proxmox.settings.stack import PROJECT, stack_file_config
 
 REPO = Path(__file__).resolve().parent.parent
 MAIN = REPO / "__main__.py"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from providers.talos_secrets import generate_secrets
+from talos_proxmox.talos_config.secrets_bundle import generate_secrets
 
 CLUSTER_NAME = "test-cluster"
 ENDPOINT = "https://10.255.200.201:6443"

@@ -17,7 +17,7 @@ Shape of the far side it stands in for:
     (default: any free one; 50000 is what a real node listens on). Both certificates name `host`.
 
 TLS is terminated by Python's ssl (OpenSSL; grpcio's BoringSSL cannot do Ed25519, see
-providers/talos_api/tls_bridge.py) in front of a plaintext grpcio server on another loopback port;
+talos_proxmox/talos_api/tls_bridge.py) in front of a plaintext grpcio server on another loopback port;
 the service learns the caller's roles from the relay's connection table.
 
 Test hooks: `calls` records every request (raw bytes, decoded message, gRPC metadata, roles,
@@ -50,11 +50,11 @@ import pytest
 import yaml
 from google.protobuf import message_factory
 
-from providers import pki, talos_client, talos_secrets
-from providers.talos_api import tls_bridge
-from providers.talos_api.client import ClientCredentials
-from providers.talos_api.generated.common import common_pb2
-from providers.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_config import pki, client_config, secrets_bundle
+from talos_proxmox.talos_api import tls_bridge
+from talos_proxmox.talos_api.client import ClientCredentials
+from talos_proxmox.talos_api.generated.common import common_pb2
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 
 SERVICE = machine_pb2.DESCRIPTOR.services_by_name["MachineService"]
 MAINTENANCE_RPCS = {"ApplyConfiguration", "Version"}
@@ -105,7 +105,7 @@ def _serialize(message) -> bytes:
 
 @functools.lru_cache(maxsize=None)
 def _bundle_named(_name: str) -> dict:
-    return talos_secrets.generate_secrets("v1.11.5")
+    return secrets_bundle.generate_secrets("v1.11.5")
 
 
 def shared_bundle(name: str = "cluster") -> dict:
@@ -131,8 +131,8 @@ def configured_node():
 
 def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredentials:
     """A client identity as a talosconfig holds it (talos_client's certificate, OS CA, Ed25519)."""
-    cert, key = talos_client.issue_admin_certificate(bundle, roles=(role,))
-    return ClientCredentials(ca_pem=talos_secrets.ca_pair(bundle, "os")[0], cert_pem=cert, key_pem=key)
+    cert, key = client_config.issue_admin_certificate(bundle, roles=(role,))
+    return ClientCredentials(ca_pem=secrets_bundle.ca_pair(bundle, "os")[0], cert_pem=cert, key_pem=key)
 
 
 class FakeTalosNode:
@@ -178,7 +178,7 @@ class FakeTalosNode:
         self._client_cas = b""
         self._configured_identity: tuple[bytes, bytes] | None = None
         if bundle is not None:
-            os_ca, os_key = talos_secrets.ca_pair(bundle, "os")
+            os_ca, os_key = secrets_bundle.ca_pair(bundle, "os")
             self._take_identity(os_ca, (os_ca, os_key))
         elif mode != "maintenance":
             raise ValueError("a stand-in node made without a secrets bundle must start in maintenance mode")

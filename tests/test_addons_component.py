@@ -19,7 +19,7 @@ from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime.mocks import MockMonitor
 
 from components.addons import ClusterAddons
-from providers.settings import load_settings, stack_file_config
+from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests.test_addons_values import SEED_CCM_VALUES, SEED_CILIUM_VALUES
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"

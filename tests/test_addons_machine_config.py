@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from providers.machine_config import parse_config, render
-from providers.node_patches import node_patches
-from providers.settings import load_settings, stack_file_config
+from talos_proxmox.talos_config.machine_config import parse_config, render
+from talos_proxmox.cluster_plan.node_patches import node_patches
+from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests import seed_cluster as seed
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.addons import (
+from talos_proxmox.cluster_plan.addon_values import (
     ccm_extra_args,
     ccm_values,
     cilium_mtu,
@@ -15,8 +15,8 @@ from providers.addons import (
     hubble_ui_exposure,
     load_balancer_host,
 )
-from providers.merge import deep_merge
-from providers.settings import load_settings, stack_file_config
+from talos_proxmox.talos_config.merge import deep_merge
+from talos_proxmox.settings.stack import load_settings, stack_file_config
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 

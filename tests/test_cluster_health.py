@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from providers.cluster_health import (
+from talos_proxmox.day_two.cluster_health import (
     ClusterNotHealthy,
     KubeApi,
     KubeApiError,
@@ -20,9 +20,9 @@ from providers.cluster_health import (
     read_kubeconfig,
     wait_for_health,
 )
-from providers.cluster_health_resource import ClusterHealthProvider
-from providers.pki import b64_pem, issue_certificate, new_ca, talos_key_pem
-from providers.talos_api.tls_bridge import load_cert_chain
+from providers.cluster_health import ClusterHealthProvider
+from talos_proxmox.talos_config.pki import b64_pem, issue_certificate, new_ca, talos_key_pem
+from talos_proxmox.talos_api.tls_bridge import load_cert_chain
 
 NODES_PATH = "/api/v1/nodes"
 COREDNS_PATH = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"

@@ -4,8 +4,8 @@ import base64
 
 import pytest
 
-from providers import talos_secrets
-from providers.config_redaction import (
+from talos_proxmox.talos_config import secrets_bundle
+from talos_proxmox.talos_config.redaction import (
     MASK,
     SECRET_PATHS,
     RedactionError,
@@ -13,7 +13,7 @@ from providers.config_redaction import (
     config_diff,
     redact_config,
 )
-from providers.machine_config import parse_config, render
+from talos_proxmox.talos_config.machine_config import parse_config, render
 from tests import seed_cluster as seed
 
 
@@ -161,7 +161,7 @@ def test_preview_diff_of_a_patch_change_shows_the_changed_lines_and_no_secret(bu
 
 
 def test_a_new_secrets_bundle_shows_only_certificate_fingerprints(bundle):
-    other = talos_secrets.generate_secrets(seed.TALOS_VERSION)
+    other = secrets_bundle.generate_secrets(seed.TALOS_VERSION)
     diff = config_diff(_render(bundle), _render(other))
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed and all("<certificate sha256:" in line for line in changed)
@@ -196,7 +196,7 @@ def _config_props(bundle, *extra):
 
 
 def test_machine_configuration_checks_and_outputs_the_redacted_config(bundle):
-    from providers.dynamic_talos import MachineConfigurationProvider
+    from providers.machine_configuration import MachineConfigurationProvider
 
     provider = MachineConfigurationProvider()
     old_props = _config_props(bundle, {"machine": {"certSANs": ["10.255.200.201"]}})
@@ -222,7 +222,7 @@ def test_redacted_config_is_a_plain_output_while_the_config_stays_secret(bundle)
     import pulumi
     from pulumi.runtime import rpc
 
-    from providers.dynamic_talos import MachineConfiguration, MachineConfigurationProvider
+    from providers.machine_configuration import MachineConfiguration, MachineConfigurationProvider
     from tests.day_two import recording_mocks
 
     # the engine hands a dynamic provider plain values; mocks see secrets still wrapped

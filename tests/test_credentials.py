@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.credentials import (
+from talos_proxmox.settings.credentials import (
     PROXMOX_CREDENTIALS,
     CredentialsError,
     ensure_no_plaintext_credentials,

@@ -6,15 +6,10 @@ import datetime
 import pytest
 from pulumi.runtime import rpc
 
-from providers import machine_config, pki, talos_client, talos_secrets
-from providers.dynamic_talos import (
-    MachineConfiguration,
-    MachineConfigurationProvider,
-    MachineSecrets,
-    MachineSecretsProvider,
-    Talosconfig,
-    TalosconfigProvider,
-)
+from talos_proxmox.talos_config import machine_config, pki, client_config, secrets_bundle
+from providers.machine_configuration import MachineConfiguration, MachineConfigurationProvider
+from providers.secrets import MachineSecrets, MachineSecretsProvider
+from providers.talosconfig import Talosconfig, TalosconfigProvider
 from tests import seed_cluster as seed
 from tests.mocked_program import run_program
 
@@ -27,7 +22,7 @@ def bundle():
 
 
 def _secret_values(bundle):
-    return [s for s in talos_secrets.secret_strings(bundle) if len(s) >= 8]
+    return [s for s in secrets_bundle.secret_strings(bundle) if len(s) >= 8]
 
 
 def _assert_no_secrets(bundle, *objects):
@@ -45,9 +40,9 @@ def test_machine_secrets_generates_once_and_never_replaces():
     assert provider.check({}, inputs).failures == []
     created = provider.create(inputs)
     bundle = created.outs["bundle"]
-    talos_secrets.validate_secrets(bundle)
+    secrets_bundle.validate_secrets(bundle)
     assert created.outs["adopted"] is False
-    assert talos_secrets.load_secrets(created.outs["secrets_yaml"]) == bundle
+    assert secrets_bundle.load_secrets(created.outs["secrets_yaml"]) == bundle
 
     same = provider.diff(created.id, created.outs, inputs)
     assert same.changes is False and same.replaces == []
@@ -63,13 +58,13 @@ def test_machine_secrets_generates_once_and_never_replaces():
 
 def test_machine_secrets_adopts_a_bundle_and_refuses_a_different_one(bundle, tmp_path):
     provider = MachineSecretsProvider()
-    text = talos_secrets.dump_secrets(bundle)
+    text = secrets_bundle.dump_secrets(bundle)
     inputs = {"talos_version": "v1.13.7", "adopt_yaml": text}
     assert provider.check({}, inputs).failures == []
     created = provider.create(inputs)
     assert created.outs["bundle"] == bundle and created.outs["adopted"] is True
 
-    other = talos_secrets.dump_secrets(talos_secrets.generate_secrets("v1.13.7"))
+    other = secrets_bundle.dump_secrets(secrets_bundle.generate_secrets("v1.13.7"))
     refused = provider.check(inputs, {"talos_version": "v1.13.7", "adopt_yaml": other})
     assert [f.property for f in refused.failures] == ["adopt_yaml"]
     assert "never replaces a cluster's secrets in place" in refused.failures[0].reason
@@ -85,7 +80,7 @@ def test_machine_secrets_adopts_a_bundle_and_refuses_a_different_one(bundle, tmp
 
 
 def test_machine_secrets_check_reports_a_broken_bundle_without_values(bundle):
-    broken = talos_secrets.dump_secrets(bundle).replace(bundle["trustdinfo"]["token"], "nope")
+    broken = secrets_bundle.dump_secrets(bundle).replace(bundle["trustdinfo"]["token"], "nope")
     result = MachineSecretsProvider().check({}, {"talos_version": "v1.13.7", "adopt_yaml": broken})
     assert [f.property for f in result.failures] == ["adopt_yaml"]
     assert "trustdinfo.token: expected a token" in result.failures[0].reason
@@ -187,7 +182,7 @@ def test_talosconfig_keeps_its_certificate_across_diffs_and_endpoint_changes(bun
     assert provider.check({}, inputs).failures == []
     created = provider.create(inputs)
     cert = created.outs["client_certificate"]
-    pki.verify_issued_by(cert, talos_secrets.ca_pair(bundle, "os")[0])
+    pki.verify_issued_by(cert, secrets_bundle.ca_pair(bundle, "os")[0])
     assert provider.diff(created.id, created.outs, inputs).changes is False
 
     more = _talosconfig_inputs(bundle, endpoints=["10.255.200.201", "10.255.200.202", "10.255.200.203"],
@@ -197,7 +192,7 @@ def test_talosconfig_keeps_its_certificate_across_diffs_and_endpoint_changes(bun
     assert updated.outs["client_certificate"] == cert and updated.outs["client_key"] == created.outs["client_key"]
     assert updated.outs["talosconfig"] != created.outs["talosconfig"]
     assert "            - 10.255.200.203\n" in updated.outs["talosconfig"]
-    assert updated.outs["talosconfig"] == talos_client.talosconfig_with_certificate(
+    assert updated.outs["talosconfig"] == client_config.talosconfig_with_certificate(
         bundle, seed.CLUSTER_NAME, more["endpoints"], more["nodes"], cert.encode(), created.outs["client_key"].encode())
 
 
@@ -205,14 +200,14 @@ def test_talosconfig_reissues_for_a_new_os_ca_or_an_expiring_certificate(bundle)
     provider = TalosconfigProvider()
     created = provider.create(_talosconfig_inputs(bundle))
 
-    other = talos_secrets.generate_secrets("v1.13.7")
+    other = secrets_bundle.generate_secrets("v1.13.7")
     moved = _talosconfig_inputs(other)
     assert provider.diff("id", created.outs, moved).changes is True
     reissued = provider.update("id", created.outs, moved)
     assert reissued.outs["client_certificate"] != created.outs["client_certificate"]
-    pki.verify_issued_by(reissued.outs["client_certificate"], talos_secrets.ca_pair(other, "os")[0])
+    pki.verify_issued_by(reissued.outs["client_certificate"], secrets_bundle.ca_pair(other, "os")[0])
 
-    cert, key = talos_client.issue_admin_certificate(bundle, validity=datetime.timedelta(days=10))
+    cert, key = client_config.issue_admin_certificate(bundle, validity=datetime.timedelta(days=10))
     expiring = {**created.outs, "client_certificate": cert.decode(), "client_key": key.decode()}
     inputs = _talosconfig_inputs(bundle)
     assert provider.diff("id", expiring, inputs).changes is True
@@ -238,7 +233,7 @@ def test_talosconfig_check_failures_name_the_input(bundle):
 
 def test_resources_register_secret_inputs_and_secret_outputs(bundle, tmp_path):
     path = tmp_path / "secrets.yaml"
-    path.write_text(talos_secrets.dump_secrets(bundle))
+    path.write_text(secrets_bundle.dump_secrets(bundle))
 
     def program():
         secrets = MachineSecrets("secrets", seed.TALOS_VERSION, secrets_file=str(path))
@@ -259,8 +254,8 @@ def test_resources_register_secret_inputs_and_secret_outputs(bundle, tmp_path):
 
 def test_secrets_file_that_is_broken_fails_in_the_program_without_values(bundle, tmp_path):
     path = tmp_path / "secrets.yaml"
-    path.write_text(talos_secrets.dump_secrets(bundle).replace("certs:", "certz:"))
-    with pytest.raises(talos_secrets.SecretsBundleError, match="certs.etcd.crt is required") as err:
+    path.write_text(secrets_bundle.dump_secrets(bundle).replace("certs:", "certz:"))
+    with pytest.raises(secrets_bundle.SecretsBundleError, match="certs.etcd.crt is required") as err:
         run_program({}, program=lambda: MachineSecrets("secrets", seed.TALOS_VERSION, secrets_file=str(path)))
     _assert_no_secrets(bundle, str(err.value))
 

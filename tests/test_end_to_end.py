@@ -29,10 +29,10 @@ import yaml
 from pulumi.output import Unknown
 
 from providers import dynamic_talos
-from providers.cluster_plan import image_facts
-from providers.settings import load_settings
-from providers.talos_api import resources
-from providers.talos_api.client import TalosClient, read_talosconfig
+from talos_proxmox.cluster_plan.resource_inputs import image_facts
+from talos_proxmox.settings.stack import load_settings
+from providers import talos_operations
+from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 from tests.e2e_engine import DeploymentMonitor, Up, e2e_cluster, e2e_config
 from tests.factory_stand_in import StandInFactory
 from tests.talos_api_server import FakeTalosNode, RecordedCall
@@ -245,10 +245,10 @@ def test_providers_take_unknowns_as_the_dynamic_provider_host_passes_them():
     assert dynamic_talos.TalosconfigProvider().check({}, talosconfig_inputs).failures == []
     apply_olds = {"node": "127.0.0.5", "mode": "auto", "timeout_seconds": 600, "config_sha256": "0" * 64}
     apply_news = {**apply_olds, "machine_configuration": unknown}
-    assert resources.ConfigurationApplyProvider().diff("127.0.0.5", apply_olds, apply_news).changes is True
+    assert talos_operations.ConfigurationApplyProvider().diff("127.0.0.5", apply_olds, apply_news).changes is True
     kubeconfig_olds = {"node": "127.0.0.2", "timeout_seconds": 600, "talosconfig_sha256": "0" * 64}
     kubeconfig_news = {**kubeconfig_olds, "talosconfig": unknown}
-    assert resources.KubeconfigProvider().diff("kubeconfig-127.0.0.2", kubeconfig_olds, kubeconfig_news).changes is False
+    assert talos_operations.KubeconfigProvider().diff("kubeconfig-127.0.0.2", kubeconfig_olds, kubeconfig_news).changes is False
 
 
 def test_no_key_or_token_is_stored_or_exported_in_plain_text(deployment):

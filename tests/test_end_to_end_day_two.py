@@ -21,9 +21,12 @@ import pytest
 import yaml
 from pulumi.output import Unknown
 
-from providers import node_lifecycle, talos_client
-from providers.talos_api import operations, resources
-from providers.talos_api.client import read_talosconfig
+from providers import node_lifecycle
+
+from talos_proxmox.talos_config import client_config
+from talos_proxmox.talos_api import operations
+from providers import talos_operations
+from talos_proxmox.talos_api.client import read_talosconfig
 from tests.e2e_engine import Up, e2e_cluster, e2e_config
 from tests.talos_api_server import FakeTalosNode, RecordedCall, shared_bundle
 
@@ -227,18 +230,18 @@ def test_unreachable_control_plane_is_removed_through_another_and_not_reset(ups)
 
 
 def talosconfig(bundle: dict, endpoints: list[str], certificate=None) -> str:
-    cert, key = certificate or talos_client.issue_admin_certificate(bundle)
-    return talos_client.talosconfig_with_certificate(bundle, "e2e", endpoints, endpoints[:1], cert, key)
+    cert, key = certificate or client_config.issue_admin_certificate(bundle)
+    return client_config.talosconfig_with_certificate(bundle, "e2e", endpoints, endpoints[:1], cert, key)
 
 
 def test_kubeconfig_is_fetched_again_for_new_credentials_not_for_other_endpoints():
     bundle = shared_bundle()
-    certificate = talos_client.issue_admin_certificate(bundle)
+    certificate = client_config.issue_admin_certificate(bundle)
     before = talosconfig(bundle, ["127.0.0.2", "127.0.0.3", "127.0.0.4"], certificate)
     olds = {"node": "127.0.0.2", "endpoint": None, "timeout_seconds": 600,
             "talosconfig_sha256": operations.config_sha256(before),
             "credentials_sha256": operations.credentials_sha256(before)}
-    provider = resources.KubeconfigProvider()
+    provider = talos_operations.KubeconfigProvider()
     fewer_endpoints = talosconfig(bundle, ["127.0.0.2", "127.0.0.3"], certificate)
     renewed = talosconfig(bundle, ["127.0.0.2", "127.0.0.3", "127.0.0.4"])
     assert provider.diff("k", olds, {**olds, "talosconfig": fewer_endpoints}).changes is False

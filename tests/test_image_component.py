@@ -7,8 +7,8 @@ import pytest
 from pulumi.runtime.mocks import MockMonitor
 
 from components.image import TalosImage, proxmox_iso_name
-from providers.image_factory import SchematicError
-from providers.schematic_resource import schematic_outputs
+from talos_proxmox.image_factory.images import SchematicError
+from providers.schematic import schematic_outputs
 from tests.factory_stand_in import SEED_ID, SEED_SCHEMATIC
 
 DYNAMIC = "pulumi-python:dynamic:Resource"

@@ -8,8 +8,8 @@ import pathlib
 import pytest
 import yaml
 
-from providers import go_yaml
-from providers.image_factory import (
+from talos_proxmox.talos_config import go_yaml
+from talos_proxmox.image_factory.images import (
     DEFAULT_FACTORY_URL,
     FactoryError,
     SchematicError,

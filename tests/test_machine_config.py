@@ -4,9 +4,9 @@ import copy
 
 import pytest
 
-from providers import machine_config as mc
-from providers import talos_secrets, talos_yaml
-from providers.machine_config import MachineConfigError, parse_config, render
+from talos_proxmox.talos_config import machine_config as mc
+from talos_proxmox.talos_config import secrets_bundle, talos_yaml
+from talos_proxmox.talos_config.machine_config import MachineConfigError, parse_config, render
 from tests import seed_cluster as seed
 
 DISK = {"machine": {"install": {"disk": "/dev/sda"}}}
@@ -27,7 +27,7 @@ def _v1alpha1(text):
 
 
 def _secret_values(bundle):
-    return [s for s in talos_secrets.secret_strings(bundle) if len(s) >= 8]
+    return [s for s in secrets_bundle.secret_strings(bundle) if len(s) >= 8]
 
 
 # --- defaults ----------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def test_bad_inputs_are_refused(bundle, kwargs, expected):
 def test_incomplete_bundle_is_named_not_echoed(bundle):
     broken = copy.deepcopy(bundle)
     del broken["certs"]["os"]["key"]
-    with pytest.raises(talos_secrets.SecretsBundleError, match="certs.os.key is required") as err:
+    with pytest.raises(secrets_bundle.SecretsBundleError, match="certs.os.key is required") as err:
         _render(broken, "controlplane")
     for secret in _secret_values(bundle):
         assert secret not in str(err.value)

@@ -8,7 +8,7 @@ import pulumi_proxmoxve as proxmoxve
 import pytest
 
 from components.node import TalosNode, vm_args, vm_tags
-from providers.settings import load_settings
+from talos_proxmox.settings.stack import load_settings
 from tests.mocked_program import run_program, stack_config
 
 ISO = "local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso"

@@ -5,13 +5,15 @@ import grpc
 import pytest
 import yaml
 
-from providers import node_lifecycle, rolling
+from providers import node_lifecycle
+
+from talos_proxmox.day_two import rolling
 from providers.node_lifecycle import NodeLifecycleProvider
-from providers.rolling import RollError, RollNode, roll_predecessors
-from providers.talos_api import operations
-from providers.talos_api.generated.machine import machine_pb2
-from providers import talos_secrets
-from providers.talos_client import talosconfig as make_talosconfig
+from talos_proxmox.day_two.rolling import RollError, RollNode, roll_predecessors
+from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_config import secrets_bundle
+from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
 from tests.day_two import FAST, bundle, stand_in_cluster, stop_all  # noqa: F401 - fixture
 
@@ -72,7 +74,7 @@ def test_adding_a_node_changes_only_the_talosconfig_endpoints_which_is_no_change
     document["contexts"]["test"]["nodes"] = ["10.5.0.3"]
     more_endpoints = yaml.safe_dump(document)
     assert provider.diff("id", olds, _props(fakes, more_endpoints)).changes is False
-    other_cluster = make_talosconfig(talos_secrets.generate_secrets(seed.TALOS_VERSION), "test",
+    other_cluster = make_talosconfig(secrets_bundle.generate_secrets(seed.TALOS_VERSION), "test",
                                      [fakes["cp-1"].endpoint])
     assert provider.diff("id", olds, _props(fakes, other_cluster)).changes is True
 

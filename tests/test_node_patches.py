@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.machine_config import render
-from providers.node_patches import hostname_patch, node_patches
-from providers.settings import load_settings, stack_file_config
+from talos_proxmox.talos_config.machine_config import render
+from talos_proxmox.cluster_plan.node_patches import hostname_patch, node_patches
+from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests import seed_cluster
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"

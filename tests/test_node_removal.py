@@ -3,8 +3,8 @@
 import grpc
 import pytest
 
-from providers.node_removal import RemovalError, remove_node
-from providers.talos_api.client import TalosClient
+from talos_proxmox.day_two.node_removal import RemovalError, remove_node
+from talos_proxmox.talos_api.client import TalosClient
 from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
 LAYOUT = [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),

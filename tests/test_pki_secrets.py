@@ -10,8 +10,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from providers import pki, talos_secrets
-from providers.talos_secrets import SecretsBundleError, generate_secrets, load_secrets
+from talos_proxmox.talos_config import pki, secrets_bundle
+from talos_proxmox.talos_config.secrets_bundle import SecretsBundleError, generate_secrets, load_secrets
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def test_bundle_has_the_shape_talosctl_writes(bundle):
     assert len(base64.urlsafe_b64decode(bundle["cluster"]["id"])) == 32  # URL-safe, as v1.12/v1.13 write it
     assert len(base64.b64decode(bundle["cluster"]["secret"], validate=True)) == 32
     assert len(base64.b64decode(bundle["secrets"]["secretboxencryptionsecret"], validate=True)) == 32
-    assert talos_secrets.TOKEN_RE.match(bundle["secrets"]["bootstraptoken"])
-    assert talos_secrets.TOKEN_RE.match(bundle["trustdinfo"]["token"])
+    assert secrets_bundle.TOKEN_RE.match(bundle["secrets"]["bootstraptoken"])
+    assert secrets_bundle.TOKEN_RE.match(bundle["trustdinfo"]["token"])
 
 
 @pytest.mark.parametrize(
@@ -82,25 +82,25 @@ def test_service_account_key_is_rsa_4096_for_current_contracts_and_ecdsa_before_
 
 def test_two_bundles_share_no_secret(bundle):
     other = generate_secrets("v1.12.0")
-    assert not set(talos_secrets.secret_strings(bundle)) & set(talos_secrets.secret_strings(other))
+    assert not set(secrets_bundle.secret_strings(bundle)) & set(secrets_bundle.secret_strings(other))
 
 
 def test_dump_and_load_round_trip(bundle):
-    text = talos_secrets.dump_secrets(bundle)
+    text = secrets_bundle.dump_secrets(bundle)
     assert text.startswith("cluster:\n    id: ")
     assert load_secrets(text) == bundle
 
 
 def test_load_secrets_file_adopts_a_bundle(bundle, tmp_path):
     path = tmp_path / "secrets.yaml"
-    path.write_text(talos_secrets.dump_secrets(bundle))
-    assert talos_secrets.load_secrets_file(str(path)) == bundle
+    path.write_text(secrets_bundle.dump_secrets(bundle))
+    assert secrets_bundle.load_secrets_file(str(path)) == bundle
     with pytest.raises(SecretsBundleError, match="cannot be read"):
-        talos_secrets.load_secrets_file(str(tmp_path / "missing.yaml"))
+        secrets_bundle.load_secrets_file(str(tmp_path / "missing.yaml"))
 
 
 def _broken(bundle, mutate):
-    data = yaml.safe_load(talos_secrets.dump_secrets(bundle))
+    data = yaml.safe_load(secrets_bundle.dump_secrets(bundle))
     mutate(data)
     return data
 
@@ -124,15 +124,15 @@ def test_invalid_bundles_are_refused_naming_the_field_not_the_value(bundle, muta
         load_secrets(data)
     message = str(err.value)
     assert expected in message
-    for secret in talos_secrets.secret_strings(data):
+    for secret in secrets_bundle.secret_strings(data):
         assert secret not in message
 
 
 def test_bad_yaml_error_shows_position_but_no_content(bundle):
-    text = talos_secrets.dump_secrets(bundle).replace("trustdinfo:", "trustdinfo: [", 1)
+    text = secrets_bundle.dump_secrets(bundle).replace("trustdinfo:", "trustdinfo: [", 1)
     with pytest.raises(SecretsBundleError, match=r"not valid YAML at line \d+") as err:
         load_secrets(text)
-    for secret in talos_secrets.secret_strings(bundle):
+    for secret in secrets_bundle.secret_strings(bundle):
         assert secret not in str(err.value)
 
 
@@ -145,7 +145,7 @@ def test_expired_ca_is_refused(bundle):
 
 
 def test_issue_certificate_server_and_client_certs_verify_against_the_ca(bundle):
-    ca_crt, ca_key = talos_secrets.ca_pair(bundle, "os")
+    ca_crt, ca_key = secrets_bundle.ca_pair(bundle, "os")
     crt, key = pki.issue_certificate(
         ca_crt, ca_key, common_name="127.0.0.1", dns_names=["localhost"], ip_addresses=["127.0.0.1"],
         server=True, validity=datetime.timedelta(hours=1),
@@ -171,13 +171,13 @@ def test_issue_certificate_server_and_client_certs_verify_against_the_ca(bundle)
 
 
 def test_issue_certificate_ecdsa_client_and_errors(bundle):
-    ca_crt, ca_key = talos_secrets.ca_pair(bundle, "k8s")
+    ca_crt, ca_key = secrets_bundle.ca_pair(bundle, "k8s")
     crt, key = pki.issue_certificate(ca_crt, ca_key, organizations=["system:masters"], common_name="admin",
                                      key_type="ecdsa-p256", client=True)
     assert isinstance(pki.load_key(key), ec.EllipticCurvePrivateKey)
     pki.verify_issued_by(crt, ca_crt)
     with pytest.raises(pki.PKIError, match="not issued by|does not verify"):
-        pki.verify_issued_by(crt, talos_secrets.ca_pair(bundle, "os")[0])
+        pki.verify_issued_by(crt, secrets_bundle.ca_pair(bundle, "os")[0])
     with pytest.raises(pki.PKIError, match="server=True and/or client=True"):
         pki.issue_certificate(ca_crt, ca_key, common_name="x")
     with pytest.raises(pki.PKIError, match="key_type 'dsa'"):
@@ -189,8 +189,8 @@ def test_issue_certificate_ecdsa_client_and_errors(bundle):
 
 
 def test_parse_contract():
-    assert talos_secrets.parse_contract("v1.13.7") == (1, 13)
-    assert talos_secrets.parse_contract("1.12") == (1, 12)
-    assert talos_secrets.parse_contract("v1.13.0-beta.1") == (1, 13)
+    assert secrets_bundle.parse_contract("v1.13.7") == (1, 13)
+    assert secrets_bundle.parse_contract("1.12") == (1, 12)
+    assert secrets_bundle.parse_contract("v1.13.0-beta.1") == (1, 13)
     with pytest.raises(ValueError, match="talos_version 'latest'"):
-        talos_secrets.parse_contract("latest")
+        secrets_bundle.parse_contract("latest")

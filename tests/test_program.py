@@ -7,8 +7,8 @@ import copy
 import pulumi
 import pytest
 
-from providers.cluster_plan import image_facts, machine_config_inputs
-from providers.settings import load_settings
+from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs
+from talos_proxmox.settings.stack import load_settings
 from tests.mocked_program import ProgramRun, Registration, run_program, stack_config
 
 VM = "proxmoxve:index/vmLegacy:VmLegacy"

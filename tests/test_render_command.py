@@ -1,4 +1,4 @@
-"""`python -m components.render`: the stack's files written offline, as `pulumi up` would send them."""
+"""`python -m talos_proxmox.commands.render`: the stack's files written offline, as `pulumi up` would send them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import sys
 import pytest
 import yaml
 
-from components import render
-from providers import cluster_plan, machine_config, pki, talos_secrets
+from talos_proxmox.commands import render
+from talos_proxmox.cluster_plan import resource_inputs
+from talos_proxmox.talos_config import machine_config, pki, secrets_bundle
 from tests.mocked_program import REPO, stack_config
 
 SEED_SCHEMATIC_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
@@ -69,7 +70,7 @@ def test_node_configs_carry_role_installer_mac_and_data_disk(rendered):
 
 
 def test_configs_are_signed_by_the_written_bundle_and_talosconfig_targets_the_cluster(rendered):
-    bundle = talos_secrets.load_secrets_file(str(rendered / "secrets.yaml"))
+    bundle = secrets_bundle.load_secrets_file(str(rendered / "secrets.yaml"))
     master = v1alpha1(rendered / "master-1.yaml")
     assert master["machine"]["ca"]["crt"] == bundle["certs"]["os"]["crt"]
     config = yaml.safe_load((rendered / "talosconfig").read_text())
@@ -98,10 +99,10 @@ def test_given_bundle_is_used_and_not_copied(rendered, tmp_path):
 def test_each_config_is_what_the_program_renders_from_the_same_inputs(rendered):
     """The command and the MachineConfiguration resources share `machine_config_inputs`."""
     settings = render.load_settings(stack_config("test-cluster"))
-    bundle = talos_secrets.load_secrets_file(str(rendered / "secrets.yaml"))
-    installer = cluster_plan.image_facts(settings).installer_image
+    bundle = secrets_bundle.load_secrets_file(str(rendered / "secrets.yaml"))
+    installer = resource_inputs.image_facts(settings).installer_image
     for node in settings.nodes:
-        expected = machine_config.render(bundle, **cluster_plan.machine_config_inputs(settings, node, installer))
+        expected = machine_config.render(bundle, **resource_inputs.machine_config_inputs(settings, node, installer))
         assert (rendered / f"{node.name}.yaml").read_text() == expected
 
 
@@ -123,7 +124,7 @@ def test_unknown_stack_is_refused(tmp_path, capsys):
 
 
 def test_help_explains_the_secrets_bundle():
-    result = subprocess.run([sys.executable, "-m", "components.render", "--help"], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "talos_proxmox.commands.render", "--help"], cwd=REPO,
                             capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0
     assert "--secrets FILE" in result.stdout

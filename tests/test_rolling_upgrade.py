@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from providers.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
-from providers.talos_api.client import TalosClient
-from providers.talos_api.generated.machine import machine_pb2
+from talos_proxmox.day_two.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
+from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
 from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 from tests.talos_api_server import FakeTalosNode

@@ -10,8 +10,8 @@ import sys
 import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
-from providers.image_factory import FactoryError, SchematicError
-from providers.schematic_resource import SchematicProvider, schematic_outputs
+from talos_proxmox.image_factory.images import FactoryError, SchematicError
+from providers.schematic import SchematicProvider, schematic_outputs
 from tests.factory_stand_in import SEED_ID, SEED_SCHEMATIC, StandInFactory, closed_port_url
 
 
@@ -146,7 +146,7 @@ def test_serialized_provider_works_in_a_fresh_process():
     script = (
         "import base64, json, sys, dill\n"
         "provider = dill.loads(base64.b64decode(sys.stdin.read()))\n"
-        "from providers.schematic_resource import schematic_outputs\n"
+        "from providers.schematic import schematic_outputs\n"
         f"old = {props('https://factory.talos.dev')!r}\n"
         "new = json.loads(json.dumps(old)); new['schematic']['customization']['extraKernelArgs'] = []\n"
         "d = provider.diff('x', schematic_outputs(old), new)\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.settings import SettingsError, load_settings, stack_file_config
+from talos_proxmox.settings.stack import SettingsError, load_settings, stack_file_config
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 

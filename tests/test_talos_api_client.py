@@ -9,11 +9,11 @@ import time
 import grpc
 import pytest
 
-from providers import pki, talos_client, talos_secrets
-from providers.talos_api import errors
-from providers.talos_api.client import ClientCredentials, TalosClient, read_talosconfig, split_endpoint
-from providers.talos_api.kubeconfig import extract_kubeconfig
-from providers.talos_api.retry import Backoff, GaveUp, call_with_retry
+from talos_proxmox.talos_config import pki, client_config, secrets_bundle
+from talos_proxmox.talos_api import errors
+from talos_proxmox.talos_api.client import ClientCredentials, TalosClient, read_talosconfig, split_endpoint
+from talos_proxmox.talos_api.kubeconfig import extract_kubeconfig
+from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
 from tests.talos_api_server import (  # noqa: F401 - fixtures
     FakeTalosNode, client_credentials, configured_node, maintenance_node, shared_bundle, talos_style_tgz)
 
@@ -215,10 +215,10 @@ def test_kubeconfig_stream(configured_node, fmt, chunk):
 
 
 def test_client_from_talosconfig(configured_node):
-    talosconfig = talos_client.talosconfig(_bundle(), "stand-in", [configured_node.endpoint], ["10.5.0.2"])
+    talosconfig = client_config.talosconfig(_bundle(), "stand-in", [configured_node.endpoint], ["10.5.0.2"])
     context = read_talosconfig(talosconfig)
     assert context.endpoints == (configured_node.endpoint,) and context.nodes == ("10.5.0.2",)
-    assert context.credentials.ca_pem == talos_secrets.ca_pair(_bundle(), "os")[0]
+    assert context.credentials.ca_pem == secrets_bundle.ca_pair(_bundle(), "os")[0]
     assert b"ED25519 PRIVATE KEY" in context.credentials.key_pem  # as talosctl labels it; the client copes
     assert "PRIVATE" not in repr(context) and "redacted" in repr(context.credentials)
     with TalosClient.from_talosconfig(talosconfig, node="10.5.0.2") as talos:

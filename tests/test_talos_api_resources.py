@@ -7,9 +7,10 @@ import hashlib
 import grpc
 import pytest
 
-from providers import talos_client
-from providers.talos_api import operations, resources
-from providers.talos_api.retry import Backoff, GaveUp
+from talos_proxmox.talos_config import client_config
+from talos_proxmox.talos_api import operations
+from providers import talos_operations
+from talos_proxmox.talos_api.retry import Backoff, GaveUp
 from tests.mocked_program import run_program, stack_config
 from tests.talos_api_server import FakeTalosNode, configured_node, maintenance_node, shared_bundle  # noqa: F401
 
@@ -24,7 +25,7 @@ def _bundle():
 
 @functools.lru_cache(maxsize=1)
 def _talosconfig() -> str:
-    return talos_client.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])
+    return client_config.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +50,7 @@ def _assert_no_secrets(outs: dict):
 
 
 def test_create_applies_insecure_then_waits_for_the_configured_node(maintenance_node):
-    provider = resources.ConfigurationApplyProvider()
+    provider = talos_operations.ConfigurationApplyProvider()
     result = provider.create(_apply_props(maintenance_node))
     assert result.outs["applied_via"] == "insecure"
     assert result.outs["config_sha256"] == hashlib.sha256(CONFIG.encode()).hexdigest()
@@ -63,7 +64,7 @@ def test_create_applies_insecure_then_waits_for_the_configured_node(maintenance_
 
 
 def test_create_on_an_already_configured_node_falls_back_to_mtls(configured_node):
-    result = resources.ConfigurationApplyProvider().create(_apply_props(configured_node))
+    result = talos_operations.ConfigurationApplyProvider().create(_apply_props(configured_node))
     assert result.outs["applied_via"] == "mtls"
     assert result.outs["applied_mode"] == "NO_REBOOT"
     applies = configured_node.calls_for("ApplyConfiguration")
@@ -72,7 +73,7 @@ def test_create_on_an_already_configured_node_falls_back_to_mtls(configured_node
 
 
 def test_diff_compares_hashes_and_never_the_config(configured_node):
-    provider = resources.ConfigurationApplyProvider()
+    provider = talos_operations.ConfigurationApplyProvider()
     olds = provider.create(_apply_props(configured_node)).outs
     same = provider.diff("id", olds, _apply_props(configured_node))
     assert not same.changes
@@ -83,7 +84,7 @@ def test_diff_compares_hashes_and_never_the_config(configured_node):
 
 
 def test_update_reapplies_over_mtls_only_when_the_config_changed(configured_node):
-    provider = resources.ConfigurationApplyProvider()
+    provider = talos_operations.ConfigurationApplyProvider()
     olds = provider.create(_apply_props(configured_node)).outs
     calls_before = len(configured_node.calls)
     unchanged = provider.update("id", olds, _apply_props(configured_node, mode="staged"))
@@ -99,7 +100,7 @@ def test_update_reapplies_over_mtls_only_when_the_config_changed(configured_node
 
 
 def test_reboot_mode_stages_then_reboots_and_waits(configured_node):
-    provider = resources.ConfigurationApplyProvider()
+    provider = talos_operations.ConfigurationApplyProvider()
     olds = provider.create(_apply_props(configured_node)).outs
     provider.update("id", olds, _apply_props(configured_node, NEW_CONFIG, mode="reboot"))
     rpcs = [c.rpc for c in configured_node.calls]
@@ -112,13 +113,13 @@ def test_reboot_mode_stages_then_reboots_and_waits(configured_node):
 def test_create_gives_up_after_the_timeout_naming_the_node(configured_node):
     configured_node.go_down()
     with pytest.raises(GaveUp) as caught:
-        resources.ConfigurationApplyProvider().create(_apply_props(configured_node, timeout_seconds=1))
+        talos_operations.ConfigurationApplyProvider().create(_apply_props(configured_node, timeout_seconds=1))
     assert configured_node.endpoint in str(caught.value) and "unreachable" in str(caught.value)
     assert "token" not in str(caught.value)
 
 
 def test_check_reports_bad_mode_and_timeout():
-    result = resources.ConfigurationApplyProvider().check({}, {"node": "10.5.0.2", "mode": "fast", "timeout_seconds": 0})
+    result = talos_operations.ConfigurationApplyProvider().check({}, {"node": "10.5.0.2", "mode": "fast", "timeout_seconds": 0})
     assert sorted(f.property for f in result.failures) == ["mode", "timeout_seconds"]
 
 
@@ -131,8 +132,8 @@ def _props(node: FakeTalosNode, **extra):
 
 
 def test_bootstrap_twice_is_success_both_times(configured_node):
-    first = resources.BootstrapProvider().create(_props(configured_node))
-    second = resources.BootstrapProvider().create(_props(configured_node))
+    first = talos_operations.BootstrapProvider().create(_props(configured_node))
+    second = talos_operations.BootstrapProvider().create(_props(configured_node))
     assert (first.outs["already_bootstrapped"], second.outs["already_bootstrapped"]) == (False, True)
     assert len(configured_node.calls_for("Bootstrap")) == 2
     _assert_no_secrets(first.outs)
@@ -140,7 +141,7 @@ def test_bootstrap_twice_is_success_both_times(configured_node):
 
 def test_bootstrap_waits_while_not_available_yet(configured_node):
     configured_node.fail_next("Bootstrap", grpc.StatusCode.FAILED_PRECONDITION, "bootstrap is not available yet", times=2)
-    result = resources.BootstrapProvider().create(_props(configured_node))
+    result = talos_operations.BootstrapProvider().create(_props(configured_node))
     assert result.outs["already_bootstrapped"] is False
     assert len(configured_node.calls_for("Bootstrap")) == 3
 
@@ -148,7 +149,7 @@ def test_bootstrap_waits_while_not_available_yet(configured_node):
 def test_bootstrap_on_a_worker_fails_at_once(configured_node):
     configured_node.fail_next("Bootstrap", grpc.StatusCode.UNIMPLEMENTED, "bootstrap is only available on control plane nodes")
     with pytest.raises(Exception, match="only available on control plane nodes"):
-        resources.BootstrapProvider().create(_props(configured_node))
+        talos_operations.BootstrapProvider().create(_props(configured_node))
     assert len(configured_node.calls_for("Bootstrap")) == 1
 
 
@@ -158,14 +159,14 @@ def test_bootstrap_on_a_worker_fails_at_once(configured_node):
 def test_kubeconfig_is_fetched_once_and_refetched_when_its_source_changes(configured_node):
     configured_node.kubeconfig_yaml = KUBECONFIG
     configured_node.kubeconfig_chunk = 32
-    provider = resources.KubeconfigProvider()
+    provider = talos_operations.KubeconfigProvider()
     outs = provider.create(_props(configured_node)).outs
     assert outs["kubeconfig"] == KUBECONFIG
     assert _talosconfig() not in repr(outs)
     assert not provider.diff("id", outs, _props(configured_node)).changes
     provider.update("id", outs, _props(configured_node, timeout_seconds=30))
     assert len(configured_node.calls_for("Kubeconfig")) == 1
-    other = talos_client.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])  # new client certificate
+    other = client_config.talosconfig(_bundle(), "stand-in", ["127.0.0.1"])  # new client certificate
     assert provider.diff("id", outs, {**_props(configured_node), "talosconfig": other}).changes
     provider.update("id", outs, {**_props(configured_node), "talosconfig": other})
     assert len(configured_node.calls_for("Kubeconfig")) == 2
@@ -176,10 +177,10 @@ def test_kubeconfig_is_fetched_once_and_refetched_when_its_source_changes(config
 
 def test_registered_resources_keep_configs_secret_and_kubeconfig_secret():
     def program():
-        apply = resources.ConfigurationApply("apply-cp1", node="10.5.0.2", machine_configuration=CONFIG,
+        apply = talos_operations.ConfigurationApply("apply-cp1", node="10.5.0.2", machine_configuration=CONFIG,
                                              talosconfig="talosconfig-text")
-        bootstrap = resources.Bootstrap("bootstrap", node="10.5.0.2", talosconfig="talosconfig-text")
-        resources.Kubeconfig("kubeconfig", node="10.5.0.2", talosconfig="talosconfig-text")
+        bootstrap = talos_operations.Bootstrap("bootstrap", node="10.5.0.2", talosconfig="talosconfig-text")
+        talos_operations.Kubeconfig("kubeconfig", node="10.5.0.2", talosconfig="talosconfig-text")
         assert apply and bootstrap
 
     run = run_program(stack_config("test-cluster"), program=program)
@@ -201,4 +202,4 @@ def _is_secret_value(value) -> bool:
 
 def test_resource_rejects_an_unknown_mode_in_the_program():
     with pytest.raises(ValueError, match="mode 'fast'"):
-        resources.ConfigurationApply("x", node="10.5.0.2", machine_configuration="", talosconfig="", mode="fast")
+        talos_operations.ConfigurationApply("x", node="10.5.0.2", machine_configuration="", talosconfig="", mode="fast")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from google.protobuf import descriptor
 
-from providers.talos_api import generate
-from providers.talos_api.generated.common import common_pb2
-from providers.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api import generate
+from talos_proxmox.talos_api.generated.common import common_pb2
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 
 UPSTREAM_FIELDS = {
     "common.Code": {"FATAL": 0, "LOCKED": 1, "CANCELED": 2},
@@ -120,4 +120,4 @@ def test_committed_stubs_equal_a_fresh_generation(tmp_path: Path):
     committed = sorted(p for p in generate.GENERATED_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     assert [p.relative_to(tmp_path) for p in fresh] == [p.relative_to(generate.GENERATED_DIR) for p in committed]
     for new, old in zip(fresh, committed):
-        assert new.read_bytes() == old.read_bytes(), f"{old} is stale: run python -m providers.talos_api.generate"
+        assert new.read_bytes() == old.read_bytes(), f"{old} is stale: run python -m talos_proxmox.talos_api.generate"

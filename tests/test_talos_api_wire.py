@@ -7,8 +7,8 @@ come from upstream (siderolabs/talos api/machine/machine.proto), not from our ge
 
 import pytest
 
-from providers.talos_api import errors
-from providers.talos_api.client import TalosClient
+from talos_proxmox.talos_api import errors
+from talos_proxmox.talos_api.client import TalosClient
 from tests.talos_api_server import client_credentials, configured_node, shared_bundle  # noqa: F401
 
 VARINT, LEN = 0, 2

@@ -8,8 +8,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from providers import pki, talos_client, talos_secrets, talos_yaml
-from providers.talos_client import TalosconfigError, talosconfig
+from talos_proxmox.talos_config import pki, client_config, secrets_bundle, talos_yaml
+from talos_proxmox.talos_config.client_config import TalosconfigError, talosconfig
 from tests import seed_cluster as seed
 
 ENDPOINTS = ["10.255.200.201", "10.255.200.202", "10.255.200.203"]
@@ -57,40 +57,40 @@ def test_client_certificate_is_os_admin_signed_by_the_os_ca(bundle):
     assert key_pem.startswith(b"-----BEGIN ED25519 PRIVATE KEY-----")  # talosctl's label
     pki.check_pair(cert_pem, key_pem)
     # The client certificate does not verify against another cluster's OS CA.
-    other = talos_secrets.generate_secrets("v1.13.7")
+    other = secrets_bundle.generate_secrets("v1.13.7")
     with pytest.raises(pki.PKIError):
         pki.verify_issued_by(cert_pem, base64.b64decode(other["certs"]["os"]["crt"]))
 
 
 def test_each_call_issues_a_new_certificate_but_reuse_is_byte_stable(bundle):
     assert talosconfig(bundle, "c", ENDPOINTS) != talosconfig(bundle, "c", ENDPOINTS)
-    cert, key = talos_client.issue_admin_certificate(bundle)
-    first = talos_client.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], cert, key)
-    assert first == talos_client.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], cert, key)
+    cert, key = client_config.issue_admin_certificate(bundle)
+    first = client_config.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], cert, key)
+    assert first == client_config.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], cert, key)
 
 
 def test_other_roles_and_refusals(bundle):
-    cert, _ = talos_client.issue_admin_certificate(bundle, roles=("os:reader",))
+    cert, _ = client_config.issue_admin_certificate(bundle, roles=("os:reader",))
     assert pki.load_cert(cert).subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "os:reader"
     with pytest.raises(TalosconfigError, match="roles"):
-        talos_client.issue_admin_certificate(bundle, roles=("root",))
+        client_config.issue_admin_certificate(bundle, roles=("root",))
     with pytest.raises(TalosconfigError, match="endpoints: expected at least one address"):
         talosconfig(bundle, "c", [])
     with pytest.raises(TalosconfigError, match="endpoints: 'a b' is not a host"):
         talosconfig(bundle, "c", ["a b"])
     with pytest.raises(TalosconfigError, match="context: expected a non-empty name"):
         talosconfig(bundle, "", ENDPOINTS)
-    foreign_cert, foreign_key = talos_client.issue_admin_certificate(talos_secrets.generate_secrets("v1.13.7"))
+    foreign_cert, foreign_key = client_config.issue_admin_certificate(secrets_bundle.generate_secrets("v1.13.7"))
     with pytest.raises(TalosconfigError, match="not signed by the bundle's OS CA") as err:
-        talos_client.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], foreign_cert, foreign_key)
-    for secret in talos_secrets.secret_strings(bundle):
+        client_config.talosconfig_with_certificate(bundle, "c", ENDPOINTS, [], foreign_cert, foreign_key)
+    for secret in secrets_bundle.secret_strings(bundle):
         assert secret not in str(err.value)
 
 
 def test_talosconfig_authenticates_to_a_configured_node_over_mutual_tls(bundle):
     """The talosconfig works end to end: the project's Talos API client, real mTLS, stand-in apid."""
-    from providers.talos_api.client import TalosClient
-    from providers.talos_api.errors import TalosApiError
+    from talos_proxmox.talos_api.client import TalosClient
+    from talos_proxmox.talos_api.errors import TalosApiError
     from tests.talos_api_server import FakeTalosNode
 
     node = FakeTalosNode(bundle, mode="configured")
@@ -99,7 +99,7 @@ def test_talosconfig_authenticates_to_a_configured_node_over_mutual_tls(bundle):
         with TalosClient.from_talosconfig(good, timeout=10) as client:
             assert client.version().messages[0].version.tag
         # Same server CA, but a client certificate from another cluster's OS CA: the node refuses it.
-        foreign_cert, foreign_key = talos_client.issue_admin_certificate(talos_secrets.generate_secrets("v1.13.7"))
+        foreign_cert, foreign_key = client_config.issue_admin_certificate(secrets_bundle.generate_secrets("v1.13.7"))
         config = talos_yaml.load_documents(good)[0]
         config["contexts"]["test-cluster"].update(crt=pki.b64_pem(foreign_cert), key=pki.b64_pem(foreign_key))
         with TalosClient.from_talosconfig(config, timeout=5) as client:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from providers.credentials import is_credential_name
+from talos_proxmox.settings.credentials import is_credential_name
 
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / ".github" / "workflows"

@@ -1,0 +1,1 @@
+"""Import shims for providers pickled under providers.talos_api before the layout change."""

@@ -1,0 +1,224 @@
+"""ConfigurationApply, Bootstrap, Kubeconfig: Talos API calls as Pulumi dynamic resources.
+
+Thin adapters around talos_proxmox.talos_api.operations. Inputs that carry configurations or keys
+(machine_configuration, talosconfig) are made secrets here whatever the caller passes, and they are
+not copied into the outputs: the state keeps a hash of the applied configuration, so a diff says
+"changed" without ever showing the configuration. The kubeconfig output is a secret.
+
+The endpoint defaults to the node itself, as `talosctl -n <ip> -e <ip>` would do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pulumi
+import pulumi.dynamic as dynamic
+
+from providers import has_unknowns
+
+from talos_proxmox.talos_api import operations
+
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+def _timeout(props: dict[str, Any]) -> float:
+    return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
+
+
+def _sha256(value: Any) -> Optional[str]:
+    """operations.config_sha256, or None while a preview does not know the value yet (so it differs)."""
+    return None if has_unknowns(value) else operations.config_sha256(value)
+
+
+def _state(olds: dict[str, Any]) -> dict[str, Any]:
+    """Old outputs without the SDK's own entries (the pickled provider)."""
+    return {key: value for key, value in olds.items() if not key.startswith("__")}
+
+
+def _check_failures(props: dict[str, Any]) -> list[dynamic.CheckFailure]:
+    failures = []
+    if not props.get("node"):
+        failures.append(dynamic.CheckFailure("node", "node: expected the node's address, e.g. 10.5.0.2"))
+    mode = props.get("mode")
+    if mode is not None:
+        try:
+            operations.check_mode(mode)
+        except ValueError as exc:
+            failures.append(dynamic.CheckFailure("mode", str(exc)))
+    timeout = props.get("timeout_seconds")
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        failures.append(dynamic.CheckFailure("timeout_seconds", f"timeout_seconds: {timeout!r} is not a positive number"))
+    return failures
+
+
+class _TalosNodeProvider(dynamic.ResourceProvider):
+    """What the three resources share: input checks; read keeps the state (a node cannot be asked
+    what was applied, bootstrapped or fetched without handling secrets); delete has nothing to undo
+    (a configuration or a bootstrap cannot be taken back; removing a node is its own step)."""
+
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        return dynamic.CheckResult(news, _check_failures(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None
+
+
+# --- ConfigurationApply ---------------------------------------------------------------------------
+
+_APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_seconds")
+
+
+class ConfigurationApplyProvider(_TalosNodeProvider):
+    def _apply(self, props: dict[str, Any], *, insecure_first: bool) -> dict[str, Any]:
+        outcome = operations.apply_machine_configuration(
+            props["node"], props["machine_configuration"], props["talosconfig"],
+            endpoint=props.get("endpoint"), mode=props.get("mode") or "auto",
+            try_timeout=props.get("try_timeout_seconds"), insecure_first=insecure_first,
+            timeout=_timeout(props),
+        )
+        return {
+            **{key: props.get(key) for key in _APPLY_SETTINGS},
+            "config_sha256": operations.config_sha256(props["machine_configuration"]),
+            "applied_via": outcome.via,
+            "applied_mode": outcome.mode,
+            "warnings": list(outcome.warnings),
+        }
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        outs = self._apply(props, insecure_first=True)
+        return dynamic.CreateResult(id_=f"{props['node']}", outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        changed = [key for key in _APPLY_SETTINGS if olds.get(key) != news.get(key)]
+        if olds.get("config_sha256") != _sha256(news["machine_configuration"]):
+            changed.append("machine_configuration")
+        replaces = ["node"] if "node" in changed else []
+        return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[],
+                                  delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        if olds.get("config_sha256") == operations.config_sha256(news["machine_configuration"]):
+            # only how we talk to the node changed: nothing to send
+            return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS}})
+        return dynamic.UpdateResult(outs=self._apply(news, insecure_first=False))
+
+
+class ConfigurationApply(dynamic.Resource):
+    """A machine configuration applied to one node (insecure the first time, mTLS afterwards)."""
+
+    node: pulumi.Output[str]
+    endpoint: pulumi.Output[Optional[str]]
+    mode: pulumi.Output[str]
+    config_sha256: pulumi.Output[str]
+    applied_via: pulumi.Output[str]
+    applied_mode: pulumi.Output[str]
+    warnings: pulumi.Output[list]
+
+    def __init__(self, name: str, *, node: pulumi.Input[str], machine_configuration: pulumi.Input[str],
+                 talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
+                 mode: str = "auto", try_timeout_seconds: Optional[float] = None,
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, opts: Optional[pulumi.ResourceOptions] = None):
+        operations.check_mode(mode)
+        props = {
+            "node": node, "endpoint": endpoint, "mode": mode, "try_timeout_seconds": try_timeout_seconds,
+            "timeout_seconds": timeout_seconds,
+            "machine_configuration": pulumi.Output.secret(machine_configuration),
+            "talosconfig": pulumi.Output.secret(talosconfig),
+            "config_sha256": None, "applied_via": None, "applied_mode": None, "warnings": None,
+        }
+        super().__init__(ConfigurationApplyProvider(), name, props, opts)
+
+
+# --- Bootstrap ------------------------------------------------------------------------------------
+
+
+class BootstrapProvider(_TalosNodeProvider):
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        bootstrapped_now = operations.bootstrap_etcd(props["node"], props["talosconfig"],
+                                                     endpoint=props.get("endpoint"), timeout=_timeout(props))
+        outs = {"node": props["node"], "endpoint": props.get("endpoint"),
+                "timeout_seconds": props.get("timeout_seconds"), "already_bootstrapped": not bootstrapped_now}
+        return dynamic.CreateResult(id_=f"bootstrap-{props['node']}", outs=outs)
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        # Bootstrapping happens once; only another node is a new bootstrap (which Talos turns
+        # into ALREADY_EXISTS, i.e. success, on a member of a running cluster).
+        replaces = ["node"] if olds.get("node") != news.get("node") else []
+        changed = replaces or [k for k in ("endpoint", "timeout_seconds") if olds.get(k) != news.get(k)]
+        return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult(outs={**_state(olds), "endpoint": news.get("endpoint"),
+                                          "timeout_seconds": news.get("timeout_seconds")})
+
+
+class Bootstrap(dynamic.Resource):
+    """etcd bootstrapped on the first control plane node, once."""
+
+    node: pulumi.Output[str]
+    already_bootstrapped: pulumi.Output[bool]
+
+    def __init__(self, name: str, *, node: pulumi.Input[str], talosconfig: pulumi.Input[str],
+                 endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
+                 "talosconfig": pulumi.Output.secret(talosconfig), "already_bootstrapped": None}
+        super().__init__(BootstrapProvider(), name, props, opts)
+
+
+# --- Kubeconfig -----------------------------------------------------------------------------------
+
+
+class KubeconfigProvider(_TalosNodeProvider):
+    def _fetch(self, props: dict[str, Any]) -> dict[str, Any]:
+        kubeconfig = operations.fetch_kubeconfig(props["node"], props["talosconfig"],
+                                                 endpoint=props.get("endpoint"), timeout=_timeout(props))
+        return {"node": props["node"], "endpoint": props.get("endpoint"),
+                "timeout_seconds": props.get("timeout_seconds"),
+                "talosconfig_sha256": operations.config_sha256(props["talosconfig"]),
+                "credentials_sha256": operations.credentials_sha256(props["talosconfig"]), "kubeconfig": kubeconfig}
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        return dynamic.CreateResult(id_=f"kubeconfig-{props['node']}", outs=self._fetch(props))
+
+    def _refetch(self, olds: dict[str, Any], news: dict[str, Any]) -> bool:
+        # Talos issues a fresh client certificate per call: fetch again only when the node or the
+        # credentials changed, not when the talosconfig only lists other endpoints (a control plane
+        # added or removed). A preview does not know the talosconfig while the Talosconfig resource
+        # updates; that update keeps a usable certificate, so unknown counts as unchanged.
+        if olds.get("node") != news.get("node") or olds.get("endpoint") != news.get("endpoint"):
+            return True
+        if has_unknowns(news["talosconfig"]):
+            return False
+        if olds.get("credentials_sha256"):
+            return olds["credentials_sha256"] != operations.credentials_sha256(news["talosconfig"])
+        return olds.get("talosconfig_sha256") != operations.config_sha256(news["talosconfig"])  # older state
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        changed = self._refetch(olds, news) or olds.get("timeout_seconds") != news.get("timeout_seconds")
+        return dynamic.DiffResult(changes=changed, replaces=[], stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        if self._refetch(olds, news):
+            return dynamic.UpdateResult(outs=self._fetch(news))
+        return dynamic.UpdateResult(outs={**_state(olds), "timeout_seconds": news.get("timeout_seconds")})
+
+
+class Kubeconfig(dynamic.Resource):
+    """The cluster's admin kubeconfig from a control plane node (a secret output)."""
+
+    node: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+
+    def __init__(self, name: str, *, node: pulumi.Input[str], talosconfig: pulumi.Input[str],
+                 endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
+                 "talosconfig": pulumi.Output.secret(talosconfig), "talosconfig_sha256": None,
+                 "credentials_sha256": None, "kubeconfig": None}
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
+        super().__init__(KubeconfigProvider(), name, props, opts)

@@ -1,0 +1,129 @@
+"""The Talos config patches one node gets, derived from the typed stack settings.
+
+The order is what a person running `talosctl gen config` + `--config-patch` would use: settings the
+program derives (install, cluster network, KubeSpan, CNI, CCM, node network, disks), then the stack's
+free-form patches: cluster-wide, per role, per node, so a user's patch always has the last word.
+No Pulumi import: the same list feeds `pulumi up` and the offline render command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from talos_proxmox.settings.stack import NodeSettings, Settings
+
+# What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).
+CCM_KUBELET_ARGS = {"cloud-provider": "external", "rotate-server-certificates": "true"}
+CCM_TALOS_API_ACCESS = {
+    "enabled": True,
+    "allowedRoles": ["os:reader"],
+    "allowedKubernetesNamespaces": ["kube-system"],
+}
+
+
+def install_patch(install_disk: str, installer_image: str) -> dict:
+    return {"machine": {"install": {"disk": install_disk, "image": installer_image}}}
+
+
+def cluster_network_patch(settings: Settings) -> list[dict]:
+    """Subnets and domain as JSON patch `replace`, since a strategic merge would append to the default lists."""
+    c = settings.cluster
+    return [
+        {"op": "replace", "path": "/cluster/network/dnsDomain", "value": c.domain},
+        {"op": "replace", "path": "/cluster/network/podSubnets", "value": list(c.pod_subnets)},
+        {"op": "replace", "path": "/cluster/network/serviceSubnets", "value": list(c.service_subnets)},
+    ]
+
+
+def cluster_features_patch(settings: Settings) -> dict:
+    """KubeSpan, discovery, and what Cilium's kube-proxy replacement needs: no default CNI, no kube-proxy."""
+    c = settings.cluster
+    machine: dict[str, Any] = {}
+    cluster: dict[str, Any] = {"discovery": {"enabled": c.discovery}}
+    if c.kubespan.enabled:
+        machine["network"] = {"kubespan": {
+            "enabled": True,
+            "mtu": c.kubespan.mtu,
+            "advertiseKubernetesNetworks": c.kubespan.advertise_kubernetes_networks,
+        }}
+    if settings.cilium.enabled:
+        cluster["network"] = {"cni": {"name": "none"}}
+        cluster["proxy"] = {"disabled": True}
+    return {"machine": machine, "cluster": cluster} if machine else {"cluster": cluster}
+
+
+# With the CCM allocating pod CIDRs, kube-controller-manager must stop doing it too (CCM docs).
+KCM_CONTROLLERS_WITHOUT_NODE_IPAM = "*,tokencleaner,-node-ipam-controller"
+
+
+def ccm_patch(role: str, node_ipam: bool) -> dict:
+    machine: dict[str, Any] = {"kubelet": {"extraArgs": dict(CCM_KUBELET_ARGS)}}
+    if role != "controlplane":
+        return {"machine": machine}
+    machine["features"] = {"kubernetesTalosAPIAccess": {
+        k: (list(v) if isinstance(v, list) else v) for k, v in CCM_TALOS_API_ACCESS.items()}}
+    patch: dict[str, Any] = {"machine": machine}
+    if node_ipam:
+        patch["cluster"] = {"controllerManager": {"extraArgs": {"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}}}
+    return patch
+
+
+def node_network_patch(node: NodeSettings, vip: str | None) -> dict:
+    """A static interface picked by MAC (stable whatever order the NICs appear in), as in the seed."""
+    interface: dict[str, Any] = {
+        "deviceSelector": {"hardwareAddr": node.mac},
+        "addresses": [node.address],
+        "routes": [{"network": "0.0.0.0/0" if ":" not in node.gateway else "::/0", "gateway": node.gateway}],
+        "dhcp": False,
+    }
+    if node.mtu is not None:
+        interface["mtu"] = node.mtu
+    if vip is not None and node.role == "controlplane":
+        interface["vip"] = {"ip": vip}
+    return {"machine": {"network": {"interfaces": [interface], "nameservers": list(node.nameservers)}}}
+
+
+def hostname_patch(node: NodeSettings) -> dict:
+    """The stack's node name as hostname, so `kubectl get nodes` shows the names the stack uses.
+
+    Since v1.12 the hostname lives in a HostnameConfig document, which `gen config` writes with
+    `auto: stable`; Talos refuses `auto` and `hostname` together, so the patch drops `auto`.
+    """
+    return {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"}, "hostname": node.name}
+
+
+def node_storage_patch(node: NodeSettings) -> dict | None:
+    """Kernel modules and the data disk, mounted and shared into the kubelet (Longhorn-style)."""
+    machine: dict[str, Any] = {}
+    if node.kernel_modules:
+        machine["kernel"] = {"modules": [{"name": m} for m in node.kernel_modules]}
+    if node.data_disk is not None:
+        d = node.data_disk
+        machine["disks"] = [{"device": d.device, "partitions": [{"mountpoint": d.mountpoint}]}]
+        machine["kubelet"] = {"extraMounts": [{
+            "destination": d.mountpoint,
+            "type": "bind",
+            "source": d.mountpoint,
+            "options": ["bind", "rshared", "rw"],
+        }]}
+    return {"machine": machine} if machine else None
+
+
+def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -> list[Any]:
+    """Every patch for `node`, in the order they apply."""
+    patches: list[Any] = [
+        install_patch(settings.cluster.install_disk, installer_image),
+        cluster_network_patch(settings),
+        cluster_features_patch(settings),
+    ]
+    if settings.ccm.enabled:
+        patches.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
+    patches.append(node_network_patch(node, settings.cluster.vip))
+    patches.append(hostname_patch(node))
+    storage = node_storage_patch(node)
+    if storage is not None:
+        patches.append(storage)
+    patches.extend(settings.cluster.patches)
+    patches.extend(settings.cluster.role_patches.get(node.role, ()))
+    patches.extend(node.patches)
+    return patches

@@ -1,0 +1,57 @@
+"""What each resource of a cluster is made from, derived from the stack settings. No Pulumi import.
+
+The Pulumi components and the offline render command (talos_proxmox/commands/render.py) both call these, so the
+files the command writes are the ones `pulumi up` sends, given the same secrets bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from talos_proxmox.image_factory import images
+from talos_proxmox.cluster_plan.node_patches import node_patches
+from talos_proxmox.settings.stack import NodeSettings, Settings
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    schematic_yaml: str
+    schematic_id: str
+    installer_image: str
+    iso_url: str
+
+
+def image_facts(settings: Settings) -> ImageFacts:
+    """The schematic's canonical YAML and id, and the installer and ISO it names for this Talos version."""
+    img, version = settings.image, settings.cluster.talos_version
+    sid = images.schematic_id(img.schematic)
+    return ImageFacts(
+        schematic_yaml=images.marshal_schematic(img.schematic),
+        schematic_id=sid,
+        installer_image=images.installer_image(img.factory_url, sid, version, img.platform, img.secure_boot),
+        iso_url=images.iso_url(img.factory_url, sid, version, img.platform, img.arch, img.secure_boot),
+    )
+
+
+def machine_config_inputs(settings: Settings, node: NodeSettings, installer_image: str) -> dict[str, Any]:
+    """Everything but the secrets bundle that `machine_config.render` takes for `node`."""
+    return dict(
+        cluster_name=settings.cluster.name,
+        endpoint=settings.cluster.endpoint,
+        role=node.role,
+        talos_version=settings.cluster.talos_version,
+        kubernetes_version=settings.cluster.kubernetes_version,
+        patches=node_patches(settings, node, installer_image),
+    )
+
+
+def talosconfig_inputs(settings: Settings) -> dict[str, Any]:
+    """talosctl context: control planes as endpoints (apid forwards to the rest), the bootstrap node as the
+    default target. Workers are left out so that adding or removing one changes neither the talosconfig
+    nor what is fetched with it (kubeconfig); `talosctl -n <ip>` reaches any node."""
+    return dict(
+        context=settings.cluster.name,
+        endpoints=[n.ip for n in settings.control_planes],
+        nodes=[settings.bootstrap_node.ip],
+    )

@@ -1,0 +1,1 @@
+"""Commands users run (not components): the offline render."""

@@ -1,0 +1,222 @@
+"""Is the cluster healthy? Every expected node Ready and CoreDNS available, asked of the Kubernetes API.
+
+`wait_for_health` polls until both hold or the timeout passes, then raises `ClusterNotHealthy` naming
+what was still wrong on the last poll. The API is reached with the cluster's admin kubeconfig
+(server, CA, client certificate or token) over Python's ssl; the check functions take the API's JSON
+so they are testable on their own. No Pulumi import here.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import yaml
+
+from talos_proxmox.talos_config.pki import PKIError, pem_from_b64, standard_key_pem
+from talos_proxmox.talos_api.tls_bridge import load_cert_chain
+
+COREDNS_NAMESPACE = "kube-system"
+COREDNS_DEPLOYMENT = "coredns"
+DEFAULT_POLL_SECONDS = 5.0
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig cannot be used; the message names the field, never a credential."""
+
+
+class ClusterNotHealthy(TimeoutError):
+    """The cluster did not become healthy in time; `problems` is what the last poll found."""
+
+    def __init__(self, server: str, timeout_seconds: float, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            f"cluster at {server} not healthy after {timeout_seconds:g}s (health.timeoutSeconds); last check:\n"
+            + "\n".join(f"  - {p}" for p in problems))
+
+
+class KubeApiError(Exception):
+    """An API call failed; `retryable` says whether a later poll may succeed."""
+
+    def __init__(self, message: str, retryable: bool):
+        self.retryable = retryable
+        super().__init__(message)
+
+
+# ---------------------------------------------------------------- kubeconfig
+
+
+@dataclass(frozen=True)
+class KubeAccess:
+    server: str
+    ca_pem: Optional[bytes]
+    cert_pem: Optional[bytes]
+    key_pem: Optional[bytes]
+    token: Optional[str]
+    insecure: bool = False
+
+    def __repr__(self) -> str:  # never show credentials
+        return f"KubeAccess(server={self.server!r})"
+
+
+def read_kubeconfig(text: str, context: Optional[str] = None) -> KubeAccess:
+    """Server and credentials of `context` (default: current-context) of a kubeconfig YAML."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise KubeconfigError("kubeconfig: not valid YAML") from None
+    if not isinstance(doc, Mapping):
+        raise KubeconfigError("kubeconfig: expected a mapping with clusters, users and contexts")
+    name = context or doc.get("current-context")
+    if not name:
+        raise KubeconfigError("kubeconfig: current-context is empty (expected the name of a context)")
+    ctx = _named(doc, "contexts", "context", name)
+    cluster = _named(doc, "clusters", "cluster", ctx.get("cluster"))
+    user = _named(doc, "users", "user", ctx.get("user"))
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith("https://"):
+        raise KubeconfigError(f"kubeconfig: cluster {ctx.get('cluster')!r} server {server!r} is not an https:// URL")
+    try:
+        ca = cluster.get("certificate-authority-data")
+        ca_pem = pem_from_b64(ca, field="certificate-authority-data") if ca else None
+        cert = user.get("client-certificate-data")
+        key = user.get("client-key-data")
+        cert_pem = pem_from_b64(cert, field="client-certificate-data") if cert else None
+        key_pem = standard_key_pem(pem_from_b64(key, field="client-key-data")) if key else None
+    except PKIError as exc:
+        raise KubeconfigError(f"kubeconfig: {exc}") from None
+    token = user.get("token")
+    if (cert_pem is None) != (key_pem is None):
+        raise KubeconfigError("kubeconfig: client-certificate-data and client-key-data must be given together")
+    if cert_pem is None and not token:
+        raise KubeconfigError(f"kubeconfig: user {ctx.get('user')!r} has neither a client certificate nor a token")
+    return KubeAccess(server=server.rstrip("/"), ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
+                      token=token or None, insecure=bool(cluster.get("insecure-skip-tls-verify")))
+
+
+def _named(doc: Mapping, section: str, field: str, name: Any) -> Mapping:
+    for entry in doc.get(section) or ():
+        if isinstance(entry, Mapping) and entry.get("name") == name and isinstance(entry.get(field), Mapping):
+            return entry[field]
+    raise KubeconfigError(f"kubeconfig: {section} has no entry named {name!r}")
+
+
+# ---------------------------------------------------------------- API client
+
+
+class KubeApi:
+    """GET-only JSON client for the few reads the health check makes."""
+
+    def __init__(self, access: KubeAccess, request_timeout: float = REQUEST_TIMEOUT_SECONDS):
+        self.server = access.server
+        self._token = access.token
+        self._timeout = request_timeout
+        context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        if access.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif access.ca_pem is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            context.load_verify_locations(cadata=access.ca_pem.decode("ascii"))
+        if access.cert_pem is not None and access.key_pem is not None:
+            load_cert_chain(context, access.cert_pem, access.key_pem)
+        # Environment proxies are not used: the API server sits on the cluster's own network.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                                   urllib.request.HTTPSHandler(context=context))
+
+    def get(self, path: str) -> Optional[dict]:
+        """The JSON object at `path`, or None when the API answers 404."""
+        request = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
+        if self._token:
+            request.add_header("Authorization", f"Bearer {self._token}")
+        try:
+            with self._opener.open(request, timeout=self._timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            retryable = exc.code not in (401, 403)
+            hint = "" if retryable else " (the kubeconfig's credentials are refused)"
+            raise KubeApiError(f"GET {path}: HTTP {exc.code} {exc.reason}{hint}", retryable) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise KubeApiError(f"GET {self.server}{path}: {reason}", retryable=True) from None
+
+
+# ---------------------------------------------------------------- checks (pure)
+
+
+def node_problems(node_list: Optional[Mapping], expected_nodes: int) -> list[str]:
+    """What keeps the nodes from being healthy: too few registered, or any not Ready."""
+    items = (node_list or {}).get("items") or []
+    problems = []
+    if len(items) < expected_nodes:
+        problems.append(f"{len(items)} of {expected_nodes} expected nodes registered")
+    for node in items:
+        name = (node.get("metadata") or {}).get("name", "?")
+        ready = _condition(node, "Ready")
+        if ready is None:
+            problems.append(f"node {name}: no Ready condition yet")
+        elif ready.get("status") != "True":
+            why = ": ".join(x for x in (ready.get("reason"), ready.get("message")) if x)
+            problems.append(f"node {name} is not Ready" + (f" ({why})" if why else ""))
+    return problems
+
+
+def coredns_problems(deployment: Optional[Mapping]) -> list[str]:
+    """What keeps CoreDNS from being available, per its Deployment's status."""
+    where = f"CoreDNS ({COREDNS_NAMESPACE}/{COREDNS_DEPLOYMENT})"
+    if deployment is None:
+        return [f"{where}: Deployment not found yet"]
+    status = deployment.get("status") or {}
+    wanted = (deployment.get("spec") or {}).get("replicas", 1)
+    available = status.get("availableReplicas") or 0
+    condition = _condition(deployment, "Available")
+    if available >= 1 and condition is not None and condition.get("status") == "True":
+        return []
+    return [f"{where}: {available} of {wanted} replicas available"]
+
+
+def _condition(obj: Mapping, kind: str) -> Optional[Mapping]:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == kind:
+            return condition
+    return None
+
+
+def cluster_problems(api: KubeApi, expected_nodes: int) -> list[str]:
+    """One poll: everything that is not healthy yet (empty when healthy)."""
+    problems: list[str] = []
+    try:
+        problems += node_problems(api.get("/api/v1/nodes"), expected_nodes)
+        problems += coredns_problems(
+            api.get(f"/apis/apps/v1/namespaces/{COREDNS_NAMESPACE}/deployments/{COREDNS_DEPLOYMENT}"))
+    except KubeApiError as exc:
+        if not exc.retryable:
+            raise
+        problems.append(str(exc))
+    return problems
+
+
+def wait_for_health(api: KubeApi, expected_nodes: int, timeout_seconds: float,
+                    poll_seconds: float = DEFAULT_POLL_SECONDS,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], None] = time.sleep) -> int:
+    """Poll until healthy; returns the number of polls. Raises ClusterNotHealthy on timeout."""
+    deadline = clock() + timeout_seconds
+    polls = 0
+    while True:
+        polls += 1
+        problems = cluster_problems(api, expected_nodes)
+        if not problems:
+            return polls
+        remaining = deadline - clock()
+        if remaining <= 0:
+            raise ClusterNotHealthy(api.server, timeout_seconds, problems)
+        sleep(min(poll_seconds, remaining))

@@ -1,0 +1,152 @@
+"""Taking a node out of the cluster before its VM is destroyed: etcd membership first, then a reset.
+
+Control plane, reachable: EtcdLeaveCluster on the node itself. If the node answers but cannot
+leave (its etcd is failing), or does not answer at all, its member is removed through another
+control plane with EtcdRemoveMemberByID (matched by the node's address in the member URLs). The
+last etcd member is never removed: that would destroy the cluster's data; it is only reset.
+Then, if the node answers: Reset (graceful: cordon and drain, wipe; no reboot, so it powers off)
+and a wait until it has gone down. An unreachable node cannot be reset; its VM is about to be
+destroyed, so that is reported, not an error. Workers: only the reset.
+
+No Pulumi here; the steps taken are returned as short strings, for the resource's log and for tests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+from talos_proxmox.day_two.rolling import (
+    CALL_TIMEOUT,
+    DEFAULT_BACKOFF,
+    Event,
+    NodeNotHealthy,
+    RollNode,
+    etcd_member_of,
+)
+from talos_proxmox.talos_api import errors
+from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
+
+REACH_TIMEOUT = 60.0  # how long an unanswering node is given before it counts as gone
+
+
+class RemovalError(RuntimeError):
+    """The node could not be taken out of etcd; the VM must not be destroyed yet."""
+
+
+def _retrying(call, *, timeout: float, what: str, backoff: Backoff, sleep, clock):
+    return call_with_retry(lambda remaining: call(min(CALL_TIMEOUT, remaining)), timeout=timeout, what=what,
+                           backoff=backoff, retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
+
+
+def _members(reply):
+    return list(reply.messages[0].members) if reply.messages else []
+
+
+def _remove_via_peer(node: RollNode, peers: Sequence[RollNode], client_for: Callable[[RollNode], TalosClient], *,
+                     reach_timeout: float, backoff: Backoff, sleep, clock) -> str:
+    tried = []
+    for peer in peers:
+        if peer.address == node.address:
+            continue
+        try:
+            with client_for(peer) as client:
+                members = _members(_retrying(lambda t: client.etcd_member_list(timeout=t), timeout=reach_timeout,
+                                             what=f"etcd members via {peer.name}", backoff=backoff, sleep=sleep,
+                                             clock=clock))
+                member = etcd_member_of(members, node.address)
+                if member is None:
+                    return f"etcd-member-already-gone via {peer.name}"
+                _retrying(lambda t: client.etcd_remove_member_by_id(member.id, timeout=t), timeout=reach_timeout,
+                          what=f"remove etcd member {member.id:x} via {peer.name}", backoff=backoff, sleep=sleep,
+                          clock=clock)
+                return f"etcd-remove-member via {peer.name}"
+        except (GaveUp, errors.TalosApiError) as exc:
+            tried.append(f"{peer.name}: {exc}")
+    raise RemovalError(
+        f"node {node.name} ({node.address}): its etcd member could not be removed; the node cannot leave by "
+        f"itself and no other control plane removed it ({'; '.join(tried) or 'no other control plane known'}). "
+        "Remove it by hand (talosctl etcd remove-member) before destroying the VM; if the whole cluster is "
+        "gone, drop this node's lifecycle resource from the state (pulumi state delete) instead.")
+
+
+def _wait_down(client: TalosClient, node: RollNode, *, timeout: float, backoff: Backoff, sleep, clock) -> bool:
+    def still_up(remaining: float) -> None:
+        try:
+            client.version(timeout=min(CALL_TIMEOUT, remaining))
+        except errors.TalosApiError as exc:
+            if errors.transient_while_rebooting(exc):
+                return
+            raise
+        raise NodeNotHealthy(f"{node.name} still answers")
+
+    try:
+        call_with_retry(still_up, timeout=timeout, what=f"wait for {node.name} to go down", backoff=backoff,
+                        retry_if=lambda e: isinstance(e, NodeNotHealthy), sleep=sleep, clock=clock)
+        return True
+    except GaveUp:
+        return False
+
+
+def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], peers: Sequence[RollNode] = (), *,
+                reset: bool = True, timeout: float = 600.0, reach_timeout: float = REACH_TIMEOUT,
+                backoff: Backoff = DEFAULT_BACKOFF, on_event: Optional[Event] = None,
+                sleep=time.sleep, clock=time.monotonic) -> list[str]:
+    """Take `node` out of etcd (control planes) and reset it; returns the steps taken, in order.
+
+    `peers` are the other control planes, used when the node cannot leave etcd itself.
+    Raises RemovalError when a control plane's etcd member can be removed neither way.
+    """
+    steps: list[str] = []
+
+    def step(what: str) -> None:
+        steps.append(what)
+        if on_event:
+            on_event(what, node.name)
+
+    opts = dict(backoff=backoff, sleep=sleep, clock=clock)
+    with client_for(node) as client:
+        reachable, last_member = True, False
+        if node.role == "controlplane":
+            try:
+                members = _members(_retrying(lambda t: client.etcd_member_list(timeout=t), timeout=reach_timeout,
+                                             what=f"etcd members of {node.name}", **opts))
+            except GaveUp:
+                reachable, members = False, None
+            except errors.TalosApiError:
+                members = None  # it answers, but its etcd does not: remove the member from elsewhere
+            if members is not None:
+                member = etcd_member_of(members, node.address)
+                last_member = member is not None and len(members) == 1
+                if member is None:
+                    step("etcd-not-a-member")
+                elif last_member:
+                    step("etcd-last-member-kept")
+                else:
+                    try:
+                        _retrying(lambda t: client.etcd_leave_cluster(timeout=t), timeout=reach_timeout,
+                                  what=f"{node.name} leaves etcd", **opts)
+                        step("etcd-leave")
+                    except (GaveUp, errors.TalosApiError):
+                        step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
+            else:
+                step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
+        else:
+            try:
+                _retrying(lambda t: client.version(timeout=t), timeout=reach_timeout, what=f"reach {node.name}",
+                          **opts)
+            except (GaveUp, errors.TalosApiError):
+                reachable = False
+
+        if not reset:
+            step("reset-disabled")
+        elif not reachable:
+            step("reset-skipped-unreachable")
+        else:
+            # A graceful reset of the last etcd member would try to leave etcd and fail.
+            _retrying(lambda t: client.reset(graceful=not last_member, reboot=False, timeout=t),
+                      timeout=reach_timeout, what=f"reset {node.name}", **opts)
+            step("reset")
+            step("down" if _wait_down(client, node, timeout=timeout, **opts) else "still-answering-after-reset")
+    return steps

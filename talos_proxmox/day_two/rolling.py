@@ -1,0 +1,227 @@
+"""Rolling node operations: one node at a time, control planes first, each back healthy before the next.
+
+A roll goes through `roll_order(nodes)` (control planes, then workers, stack order within each) and
+runs one step per node (`upgrade_node`, or a Kubernetes-version configuration apply followed by
+`wait_healthy`). The first node whose step fails stops the roll: `RollError` names it, says what
+failed, which nodes were done and which were not touched.
+
+Healthy means: the node answers Version (with the expected Talos tag, when one is given); the
+services a node of its role needs (apid, kubelet; etcd on a control plane) are Running and not
+failing their health check; and a control plane is a voting etcd member (its address is in a
+member's peer or client URLs, and that member is not a learner).
+
+No Pulumi here. Clients are `talos_proxmox.talos_api.client.TalosClient` (mTLS, targeting the node);
+clock, sleep and backoff are injectable so tests run against stand-in nodes in well under a second.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Sequence
+from urllib.parse import urlsplit
+
+from talos_proxmox.talos_api import errors
+from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
+
+REQUIRED_SERVICES = {"controlplane": ("apid", "etcd", "kubelet"), "worker": ("apid", "kubelet")}
+DEFAULT_BACKOFF = Backoff(initial=2.0, factor=1.5, maximum=10.0)
+CALL_TIMEOUT = 30.0  # one RPC; the step's timeout bounds the whole wait
+PREFLIGHT_TIMEOUT = 120.0
+
+Event = Callable[[str, str], None]  # (what happened, node name), e.g. ("upgrade-requested", "master-1")
+
+
+@dataclass(frozen=True)
+class RollNode:
+    """A node as the roll sees it: `address` is its IP (the `node` target and how etcd knows it),
+    `endpoint` what we dial (defaults to the address, port 50000)."""
+
+    name: str
+    address: str
+    role: str
+    endpoint: Optional[str] = None
+
+    @property
+    def dial(self) -> str:
+        return self.endpoint or self.address
+
+
+class NodeNotHealthy(Exception):
+    """Raised while waiting; retried until the deadline (`retryable` is read by retry.call_with_retry)."""
+
+    retryable = True
+
+
+class RollError(RuntimeError):
+    """A roll stopped at `node` (a RollNode); `done` were finished, `untouched` were not started."""
+
+    def __init__(self, node: RollNode, what: str, done: Sequence[str] = (), untouched: Sequence[str] = ()):
+        self.node, self.what, self.done, self.untouched = node, what, tuple(done), tuple(untouched)
+        message = f"node {node.name} ({node.address}): {what}"
+        if done or untouched:
+            message = (f"rolling operation stopped at {message}; finished: {', '.join(done) or 'none'}; "
+                       f"not touched: {', '.join(untouched) or 'none'}")
+        super().__init__(message)
+
+
+def roll_order(nodes: Iterable[RollNode]) -> list[RollNode]:
+    """Control planes first, then workers; stack order within each role."""
+    nodes = list(nodes)
+    unknown = [n.name for n in nodes if n.role not in REQUIRED_SERVICES]
+    if unknown:
+        raise ValueError(f"role of node(s) {', '.join(unknown)} is not one of {', '.join(REQUIRED_SERVICES)}")
+    return [n for n in nodes if n.role == "controlplane"] + [n for n in nodes if n.role == "worker"]
+
+
+def _first(reply):
+    return reply.messages[0] if reply.messages else None
+
+
+def _hosts(urls: Iterable[str]) -> set[str]:
+    return {urlsplit(url).hostname or "" for url in urls}
+
+
+def etcd_member_of(members, address: str):
+    """The etcd member whose peer or client URLs are on `address` (etcd names are not chosen by us)."""
+    host = address.strip("[]")
+    for member in members:
+        if host in _hosts(member.peer_urls) | _hosts(member.client_urls):
+            return member
+    return None
+
+
+def health_problems(client: TalosClient, node: RollNode, expected_tag: Optional[str] = None,
+                    call_timeout: float = CALL_TIMEOUT) -> list[str]:
+    """What keeps the node from being healthy right now (empty: healthy). Transport errors propagate."""
+    problems = []
+    version = _first(client.version(timeout=call_timeout))
+    tag = version.version.tag if version is not None else ""
+    if expected_tag and tag != expected_tag:
+        problems.append(f"reports Talos {tag or 'no version'}, expected {expected_tag}")
+    listing = _first(client.service_list(timeout=call_timeout))
+    services = {s.id: s for s in listing.services} if listing is not None else {}
+    for name in REQUIRED_SERVICES[node.role]:
+        service = services.get(name)
+        if service is None:
+            problems.append(f"service {name} is not listed")
+        elif service.state != "Running":
+            problems.append(f"service {name} is {service.state or 'in no state'}")
+        elif not (service.health.healthy or service.health.unknown):
+            detail = service.health.last_message
+            problems.append(f"service {name} is unhealthy" + (f" ({detail})" if detail else ""))
+    if node.role == "controlplane":
+        members = _first(client.etcd_member_list(timeout=call_timeout))
+        member = etcd_member_of(members.members if members is not None else (), node.address)
+        if member is None:
+            problems.append(f"is not in the etcd member list (no member URL on {node.address})")
+        elif member.is_learner:
+            problems.append("is still an etcd learner")
+    return problems
+
+
+def _retry_while_waiting(error: BaseException) -> bool:
+    return isinstance(error, NodeNotHealthy) or errors.transient_while_rebooting(error)
+
+
+def wait_healthy(client: TalosClient, node: RollNode, *, expected_tag: Optional[str] = None, timeout: float,
+                 backoff: Backoff = DEFAULT_BACKOFF, sleep=time.sleep, clock=time.monotonic) -> None:
+    """Poll `health_problems` until there are none; raise RollError naming the last problem at the deadline."""
+
+    def check(remaining: float) -> None:
+        problems = health_problems(client, node, expected_tag, min(CALL_TIMEOUT, remaining))
+        if problems:
+            raise NodeNotHealthy("; ".join(problems))
+
+    try:
+        call_with_retry(check, timeout=timeout, what=f"wait for {node.name} to be healthy", backoff=backoff,
+                        retry_if=_retry_while_waiting, sleep=sleep, clock=clock)
+    except GaveUp as exc:
+        raise RollError(node, f"not healthy after {timeout:g}s: {exc.last_error}") from None
+    except errors.TalosApiError as exc:
+        raise RollError(node, f"health check failed: {exc}") from None
+
+
+def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expected_tag: Optional[str], *,
+                   timeout: float, backoff: Backoff, sleep, clock) -> None:
+    """Wait until the node has gone down (or already reports the new tag): an upgrade ack only means
+    the node accepted the request; it drains and installs before it reboots."""
+
+    def gone_down(remaining: float) -> None:
+        try:
+            reply = _first(client.version(timeout=min(CALL_TIMEOUT, remaining)))
+        except errors.TalosApiError as exc:
+            if errors.transient_while_rebooting(exc):
+                return  # unreachable: it is rebooting
+            raise
+        tag = reply.version.tag if reply is not None else ""
+        if expected_tag and tag == expected_tag and tag != tag_before:
+            return  # already back on the new version
+        raise NodeNotHealthy(f"still running Talos {tag or '?'}; waiting for it to reboot")
+
+    try:
+        call_with_retry(gone_down, timeout=timeout, what=f"wait for {node.name} to reboot", backoff=backoff,
+                        retry_if=lambda e: isinstance(e, NodeNotHealthy), sleep=sleep, clock=clock)
+    except GaveUp as exc:
+        raise RollError(node, f"did not reboot into the upgrade within {timeout:g}s: {exc.last_error}") from None
+
+
+def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_version: Optional[str],
+                 timeout: float, preflight_timeout: float = PREFLIGHT_TIMEOUT, backoff: Backoff = DEFAULT_BACKOFF,
+                 on_event: Optional[Event] = None, sleep=time.sleep, clock=time.monotonic) -> None:
+    """Upgrade one node to the installer `image` and wait until it is back, healthy, on `talos_version`.
+
+    The node must be healthy first (a node that is already failing is not made worse). The
+    upgrade preserves the node's data (etcd membership stays), as talosctl does by default.
+    """
+    event = on_event or (lambda _what, _name: None)
+    deadline = clock() + timeout
+    wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep, clock=clock)
+    event("healthy-before", node.name)
+    tag_before = _first(client.version(timeout=CALL_TIMEOUT)).version.tag
+    try:
+        call_with_retry(lambda remaining: client.upgrade(image, preserve=True, timeout=min(CALL_TIMEOUT, remaining)),
+                        timeout=max(deadline - clock(), 0.001), what=f"upgrade {node.name}", backoff=backoff,
+                        retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
+    except (GaveUp, errors.TalosApiError) as exc:
+        raise RollError(node, f"upgrade to {image} was refused: {exc}") from None
+    event("upgrade-requested", node.name)
+    _wait_rebooted(client, node, tag_before, talos_version, timeout=max(deadline - clock(), 0.001),
+                   backoff=backoff, sleep=sleep, clock=clock)
+    event("rebooted", node.name)
+    wait_healthy(client, node, expected_tag=talos_version, timeout=max(deadline - clock(), 0.001),
+                 backoff=backoff, sleep=sleep, clock=clock)
+    event("healthy", node.name)
+
+
+def roll(nodes: Iterable[RollNode], step: Callable[[RollNode], None], *,
+         on_event: Optional[Event] = None) -> list[str]:
+    """Run `step` on each node in roll order; the first failure stops the roll with RollError.
+    Returns the names of the nodes done, in order."""
+    order = roll_order(nodes)
+    done: list[str] = []
+    for index, node in enumerate(order):
+        if on_event:
+            on_event("start", node.name)
+        try:
+            step(node)
+        except Exception as exc:  # noqa: BLE001 - every failure stops the roll, named by node
+            what = exc.what if isinstance(exc, RollError) else str(exc)
+            raise RollError(node, what, done, [n.name for n in order[index + 1:]]) from exc
+        done.append(node.name)
+        if on_event:
+            on_event("done", node.name)
+    return done
+
+
+def client_for(node: RollNode, talosconfig, *, timeout: float = CALL_TIMEOUT) -> TalosClient:
+    """An mTLS client from the talosconfig that dials the node and targets it (talosctl -n X -e X)."""
+    return TalosClient.from_talosconfig(talosconfig, endpoints=[node.dial], node=node.address, timeout=timeout)
+
+
+def roll_predecessors(nodes: Iterable[RollNode]) -> dict[str, Optional[str]]:
+    """For each node, the node before it in roll order (None for the first): what its NodeLifecycle
+    depends on, so that Pulumi runs upgrades one at a time in this order."""
+    order = roll_order(nodes)
+    return {node.name: (order[i - 1].name if i else None) for i, node in enumerate(order)}

@@ -1,0 +1,793 @@
+"""Typed, validated stack settings.
+
+`load_settings(raw)` takes the stack's config values under the project namespace (what
+`pulumi.Config().get_object(key)` returns for each top-level key) and returns `Settings`, or raises
+`SettingsError` listing every problem as `<key>: <value> <what was expected>`. It runs before any
+resource is registered, so a bad stack file never touches Proxmox or a node. No Pulumi import here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+from urllib.parse import urlsplit
+
+PROJECT = "talos-proxmox"
+ROLES = ("controlplane", "worker")
+TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "health", "lifecycle")
+
+_MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$")
+_MTU_RANGE = (68, 65535)
+
+DEFAULT_TALOS_VERSION = "v1.13.7"
+DEFAULT_CILIUM_VERSION = "1.19.6"
+# What `talosctl gen config` of each Talos release line picks when no Kubernetes version is given
+# (pkg/machinery/constants DefaultKubernetesVersion at v1.12.0 and v1.13.7).
+DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2"}
+# siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
+DEFAULT_CCM_CHART_VERSION = "0.5.4"
+DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
+DEFAULT_LIFECYCLE_TIMEOUT_SECONDS = 1200  # one node's upgrade: drain, install, reboot, healthy again
+DEFAULT_CCM_CONTROLLERS = ("cloud-node", "node-csr-approval")
+KNOWN_CCM_CONTROLLERS = (
+    "cloud-node",
+    "cloud-node-lifecycle",
+    "node-csr-approval",
+    "node-ipam-controller",
+)
+
+
+class SettingsError(ValueError):
+    """Stack config that cannot be used; `problems` holds one message per bad key."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            "invalid stack config:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+# ---------------------------------------------------------------- typed settings
+
+
+@dataclass(frozen=True)
+class KubeSpan:
+    enabled: bool = False
+    mtu: int = 1420
+    advertise_kubernetes_networks: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    name: str
+    endpoint: str
+    vip: Optional[str]
+    talos_version: str
+    kubernetes_version: str
+    pod_subnets: tuple[str, ...]
+    service_subnets: tuple[str, ...]
+    domain: str
+    install_disk: str
+    kubespan: KubeSpan
+    discovery: bool
+    patches: tuple[Any, ...]
+    role_patches: Mapping[str, tuple[Any, ...]]
+    secrets_file: Optional[str]
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    subnet: ipaddress.IPv4Network | ipaddress.IPv6Network
+    gateway: str
+    nameservers: tuple[str, ...]
+    mtu: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProxmoxSettings:
+    node: str
+    vm_datastore: str
+    iso_datastore: str
+    bridge: str
+    cpu_type: str
+    tags: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ImageSettings:
+    factory_url: str
+    platform: str
+    arch: str
+    secure_boot: bool
+    schematic: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DataDisk:
+    size_gb: int
+    device: str
+    mountpoint: str
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    name: str
+    role: str
+    vm_id: Optional[int]
+    proxmox_node: str
+    cpu: int
+    memory_mib: int
+    disk_gb: int
+    data_disk: Optional[DataDisk]
+    ip: str
+    prefix: int
+    gateway: str
+    nameservers: tuple[str, ...]
+    mac: str
+    mtu: Optional[int]
+    kernel_modules: tuple[str, ...]
+    patches: tuple[Any, ...]
+
+    @property
+    def address(self) -> str:
+        """The node's address with its prefix, as Talos writes it (10.0.0.5/24)."""
+        return f"{self.ip}/{self.prefix}"
+
+
+@dataclass(frozen=True)
+class CiliumSettings:
+    enabled: bool
+    version: str
+    repository: str
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class HubbleSettings:
+    enabled: bool
+    relay: bool
+    ui: bool
+    ui_service_type: str
+
+
+@dataclass(frozen=True)
+class NodeIpam:
+    cidr_allocator_type: str
+    mask_size_ipv4: int
+    mask_size_ipv6: int
+
+
+@dataclass(frozen=True)
+class CcmSettings:
+    enabled: bool
+    chart: str
+    version: str
+    replicas: int
+    controllers: tuple[str, ...]
+    node_ipam: Optional[NodeIpam]
+    values: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LifecycleSettings:
+    """Day two, per node: how long one upgrade or removal may take, and whether a removed node is reset."""
+    timeout_seconds: int = DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
+    reset_on_delete: bool = True
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """Wait after the add-ons until every node is Ready and CoreDNS is available."""
+    wait: bool = True
+    timeout_seconds: int = DEFAULT_HEALTH_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class Settings:
+    cluster: ClusterSettings
+    network: NetworkSettings
+    proxmox: ProxmoxSettings
+    image: ImageSettings
+    nodes: tuple[NodeSettings, ...]
+    cilium: CiliumSettings
+    hubble: HubbleSettings
+    ccm: CcmSettings
+    health: HealthSettings = field(default=HealthSettings())
+    lifecycle: LifecycleSettings = field(default=LifecycleSettings())
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def control_planes(self) -> tuple[NodeSettings, ...]:
+        return tuple(n for n in self.nodes if n.role == "controlplane")
+
+    @property
+    def workers(self) -> tuple[NodeSettings, ...]:
+        return tuple(n for n in self.nodes if n.role == "worker")
+
+    @property
+    def bootstrap_node(self) -> NodeSettings:
+        """The first control plane in stack order: bootstrap runs there, once."""
+        return self.control_planes[0]
+
+
+# ---------------------------------------------------------------- reading helpers
+
+
+class _Reader:
+    """Walks raw config, collecting one problem per bad key instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+
+    def fail(self, key: str, value: Any, expected: str) -> None:
+        self.problems.append(f"{PROJECT}:{key}: {value!r} {expected}")
+
+    def section(self, raw: Any, key: str, allowed: tuple[str, ...]) -> dict:
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            self.fail(key, raw, "is not a mapping")
+            return {}
+        for unknown in sorted(set(raw) - set(allowed)):
+            self.fail(f"{key}.{unknown}", raw[unknown], f"is not a known key (expected one of: {', '.join(allowed)})")
+        return dict(raw)
+
+    def value(self, raw: Mapping, key: str, path: str, check: Callable[[Any], Any],
+              expected: str, default: Any = ..., ) -> Any:
+        """`check` converts a raw value or raises ValueError/TypeError; missing keys take `default`."""
+        if key not in raw or raw[key] is None:
+            if default is ...:
+                self.fail(path, None, f"is required ({expected})")
+            return None if default is ... else default
+        try:
+            return check(raw[key])
+        except (ValueError, TypeError):
+            self.fail(path, raw[key], expected)
+            return None if default is ... else default
+
+
+def _string(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError
+    return v
+
+
+def _positive_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError
+    return v
+
+
+def _mtu(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not _MTU_RANGE[0] <= v <= _MTU_RANGE[1]:
+        raise ValueError
+    return v
+
+
+def _ip(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError
+    return str(ipaddress.ip_address(v))
+
+
+def _cidr(v: Any) -> str:
+    if not isinstance(v, str) or "/" not in v:
+        raise ValueError
+    return str(ipaddress.ip_network(v, strict=True))
+
+
+def _cidr_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v:
+        raise TypeError
+    return tuple(_cidr(x) for x in v)
+
+
+def _ip_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v:
+        raise TypeError
+    return tuple(_ip(x) for x in v)
+
+
+def _string_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list):
+        raise TypeError
+    return tuple(_string(x) for x in v)
+
+
+def _version(v: Any) -> str:
+    if not isinstance(v, str) or not _VERSION.match(v):
+        raise ValueError
+    return v
+
+
+def _talos_version(v: Any) -> str:
+    from talos_proxmox.talos_config.machine_config import SUPPORTED_CONTRACTS
+
+    v = _version(v)
+    major, minor = (int(x) for x in v.lstrip("v").split(".")[:2])
+    if (major, minor) not in SUPPORTED_CONTRACTS:
+        raise ValueError
+    return v if v.startswith("v") else f"v{v}"
+
+
+def _mapping(v: Any) -> dict:
+    if not isinstance(v, Mapping):
+        raise TypeError
+    return dict(v)
+
+
+def _endpoint(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError
+    parts = urlsplit(v)
+    if parts.scheme != "https" or not parts.hostname or parts.port is None:
+        raise ValueError
+    return v
+
+
+def _mac(v: Any) -> str:
+    if not isinstance(v, str) or not _MAC.match(v.lower()):
+        raise ValueError
+    return v.lower()
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise ValueError
+        return v
+    return check
+
+
+def _patches(reader: _Reader, raw: Any, path: str) -> tuple[Any, ...]:
+    """Talos config patches: each a strategic-merge mapping or an RFC 6902 list of operations."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        reader.fail(path, raw, "is not a list of patches")
+        return ()
+    for i, patch in enumerate(raw):
+        where = f"{path}[{i}]"
+        if isinstance(patch, Mapping):
+            continue
+        if isinstance(patch, list) and patch and all(
+            isinstance(op, Mapping) and op.get("op") in _JSON_PATCH_OPS and isinstance(op.get("path"), str)
+            for op in patch
+        ):
+            continue
+        reader.fail(where, patch, "is neither a mapping (strategic merge patch) nor a list of JSON patch "
+                                  "operations with 'op' and 'path'")
+    return tuple(raw)
+
+
+_JSON_PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
+
+
+# ---------------------------------------------------------------- sections
+
+def _read_network(r: _Reader, raw: Any) -> Optional[NetworkSettings]:
+    s = r.section(raw, "network", ("subnet", "gateway", "nameservers", "mtu"))
+    subnet = r.value(s, "subnet", "network.subnet", lambda v: ipaddress.ip_network(_cidr(v)),
+                     "is not a network in CIDR form (expected e.g. 10.255.200.0/24)")
+    gateway = r.value(s, "gateway", "network.gateway", _ip, "is not an IP address (expected e.g. 10.255.200.1)")
+    nameservers = r.value(s, "nameservers", "network.nameservers", _ip_list,
+                          "is not a non-empty list of IP addresses", default=("9.9.9.9",))
+    mtu = r.value(s, "mtu", "network.mtu", _mtu, f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}", default=None)
+    if subnet is not None and gateway is not None and ipaddress.ip_address(gateway) not in subnet:
+        r.fail("network.gateway", gateway, f"is outside network.subnet {subnet}")
+    if subnet is None or gateway is None:
+        return None
+    return NetworkSettings(subnet=subnet, gateway=gateway, nameservers=nameservers, mtu=mtu)
+
+
+def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
+    s = r.section(raw, "proxmox", ("node", "vmDatastore", "isoDatastore", "bridge", "cpuType", "tags"))
+    return ProxmoxSettings(
+        node=r.value(s, "node", "proxmox.node", _string, "is not a Proxmox node name (expected e.g. pve)"),
+        vm_datastore=r.value(s, "vmDatastore", "proxmox.vmDatastore", _string, "is not a datastore id",
+                             default="local-lvm"),
+        iso_datastore=r.value(s, "isoDatastore", "proxmox.isoDatastore", _string, "is not a datastore id",
+                              default="local"),
+        bridge=r.value(s, "bridge", "proxmox.bridge", _string, "is not a bridge name", default="vmbr0"),
+        cpu_type=r.value(s, "cpuType", "proxmox.cpuType", _string, "is not a CPU type", default="host"),
+        tags=r.value(s, "tags", "proxmox.tags", _string_list, "is not a list of strings", default=()),
+    )
+
+
+def _read_image(r: _Reader, raw: Any) -> ImageSettings:
+    s = r.section(raw, "image", ("factoryUrl", "platform", "arch", "secureBoot", "schematic"))
+    return ImageSettings(
+        factory_url=r.value(s, "factoryUrl", "image.factoryUrl", _factory_url,
+                            "is not an http(s) URL (expected e.g. https://factory.talos.dev)",
+                            default="https://factory.talos.dev"),
+        platform=r.value(s, "platform", "image.platform", _one_of("metal", "nocloud"),
+                         "is not a supported platform (expected metal or nocloud)", default="metal"),
+        arch=r.value(s, "arch", "image.arch", _one_of("amd64", "arm64"),
+                     "is not a supported architecture (expected amd64 or arm64)", default="amd64"),
+        secure_boot=r.value(s, "secureBoot", "image.secureBoot", _bool, "is not true or false", default=False),
+        schematic=_read_schematic(r, s.get("schematic")),
+    )
+
+
+def _read_schematic(r: _Reader, raw: Any) -> dict:
+    """The Image Factory's own rules, so a typo fails here rather than at the factory."""
+    from talos_proxmox.image_factory.images import SchematicError, canonical_schematic
+
+    if raw is None:
+        return {"customization": {}}
+    try:
+        canonical_schematic(raw)
+    except SchematicError as err:
+        r.fail("image.schematic", raw, f"is not a valid schematic: {err}")
+        return {"customization": {}}
+    return dict(raw)
+
+
+def _factory_url(v: Any) -> str:
+    parts = urlsplit(v) if isinstance(v, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError
+    return v.rstrip("/")
+
+
+def _read_cluster(r: _Reader, raw: Any) -> dict:
+    s = r.section(raw, "cluster", (
+        "name", "endpoint", "vip", "talosVersion", "kubernetesVersion", "podSubnets", "serviceSubnets",
+        "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile"))
+    ks = r.section(s.get("kubespan"), "cluster.kubespan", ("enabled", "mtu", "advertiseKubernetesNetworks"))
+    role_patches_raw = r.section(s.get("rolePatches"), "cluster.rolePatches", ROLES)
+    return dict(
+        name=r.value(s, "name", "cluster.name", _dns_label,
+                     "is not a cluster name (expected lowercase letters, digits and '-', at most 63)"),
+        endpoint=r.value(s, "endpoint", "cluster.endpoint", _endpoint,
+                         "is not an endpoint with scheme, host and port (expected e.g. https://10.0.0.10:6443)",
+                         default=None),
+        vip=r.value(s, "vip", "cluster.vip", _ip, "is not an IP address", default=None),
+        talos_version=r.value(s, "talosVersion", "cluster.talosVersion", _talos_version,
+                              "is not a supported Talos version (expected v1.12.x or v1.13.x, e.g. v1.13.7)",
+                              default=DEFAULT_TALOS_VERSION),
+        kubernetes_version=r.value(s, "kubernetesVersion", "cluster.kubernetesVersion", _version,
+                                   "is not a Kubernetes version (expected e.g. 1.35.0)", default=None),
+        pod_subnets=r.value(s, "podSubnets", "cluster.podSubnets", _cidr_list,
+                            "is not a non-empty list of CIDRs", default=("10.244.0.0/16",)),
+        service_subnets=r.value(s, "serviceSubnets", "cluster.serviceSubnets", _cidr_list,
+                                "is not a non-empty list of CIDRs", default=("10.96.0.0/12",)),
+        domain=r.value(s, "domain", "cluster.domain", _string, "is not a DNS domain", default="cluster.local"),
+        install_disk=r.value(s, "installDisk", "cluster.installDisk", _device, "is not a device path (expected /dev/...)",
+                             default="/dev/sda"),
+        kubespan=KubeSpan(
+            enabled=r.value(ks, "enabled", "cluster.kubespan.enabled", _bool, "is not true or false", default=False),
+            mtu=r.value(ks, "mtu", "cluster.kubespan.mtu", _mtu,
+                        f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}", default=1420),
+            advertise_kubernetes_networks=r.value(ks, "advertiseKubernetesNetworks",
+                                                  "cluster.kubespan.advertiseKubernetesNetworks", _bool,
+                                                  "is not true or false", default=False),
+        ),
+        discovery=r.value(s, "discovery", "cluster.discovery", _bool, "is not true or false", default=True),
+        patches=_patches(r, s.get("patches"), "cluster.patches"),
+        role_patches={role: _patches(r, role_patches_raw.get(role), f"cluster.rolePatches.{role}") for role in ROLES},
+        secrets_file=r.value(s, "secretsFile", "cluster.secretsFile", _string, "is not a file path", default=None),
+    )
+
+
+def _dns_label(v: Any) -> str:
+    if not isinstance(v, str) or not _NAME.match(v):
+        raise ValueError
+    return v
+
+
+def _device(v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("/dev/") or len(v) <= 5:
+        raise ValueError
+    return v
+
+
+_NODE_KEYS = ("name", "role", "vmId", "proxmoxNode", "cpu", "memory", "disk", "dataDisk", "ip", "gateway",
+              "nameservers", "mac", "mtu", "kernelModules", "patches")
+
+
+def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
+               proxmox: ProxmoxSettings) -> Optional[NodeSettings]:
+    path = f"nodes[{i}]"
+    s = r.section(raw, path, _NODE_KEYS)
+    if not s:
+        return None
+    dd = s.get("dataDisk")
+    data_disk = None
+    if dd is not None:
+        d = r.section(dd, f"{path}.dataDisk", ("size", "device", "mountpoint"))
+        data_disk = DataDisk(
+            size_gb=r.value(d, "size", f"{path}.dataDisk.size", _positive_int, "is not a size in GB (positive integer)"),
+            device=r.value(d, "device", f"{path}.dataDisk.device", _device, "is not a device path (expected /dev/...)",
+                           default="/dev/sdb"),
+            mountpoint=r.value(d, "mountpoint", f"{path}.dataDisk.mountpoint", _abs_path,
+                               "is not an absolute path", default="/var/lib/longhorn"),
+        )
+    ip, prefix = _node_address(r, s, path, network)
+    gateway = r.value(s, "gateway", f"{path}.gateway", _ip, "is not an IP address",
+                      default=network.gateway if network else None)
+    # An inherited gateway was checked against network.subnet already; a node's own gateway or prefix is not.
+    own = s.get("gateway") is not None or "/" in str(s.get("ip"))
+    if ip and own and gateway and ipaddress.ip_address(gateway) not in ipaddress.ip_interface(f"{ip}/{prefix}").network:
+        r.fail(f"{path}.gateway", gateway, f"is outside the node's subnet {ipaddress.ip_interface(f'{ip}/{prefix}').network}")
+    return NodeSettings(
+        name=r.value(s, "name", f"{path}.name", _dns_label,
+                     "is not a node name (expected lowercase letters, digits and '-', at most 63)"),
+        role=r.value(s, "role", f"{path}.role", _one_of(*ROLES), "is not a role (expected controlplane or worker)"),
+        vm_id=r.value(s, "vmId", f"{path}.vmId", _vm_id, "is not a Proxmox VM id (expected 100-999999999)",
+                      default=None),
+        proxmox_node=r.value(s, "proxmoxNode", f"{path}.proxmoxNode", _string, "is not a Proxmox node name",
+                             default=proxmox.node),
+        cpu=r.value(s, "cpu", f"{path}.cpu", _positive_int, "is not a number of vCPUs (positive integer)"),
+        memory_mib=r.value(s, "memory", f"{path}.memory", _positive_int, "is not a memory size in MiB (positive integer)"),
+        disk_gb=r.value(s, "disk", f"{path}.disk", _positive_int, "is not a boot disk size in GB (positive integer)"),
+        data_disk=data_disk,
+        ip=ip,
+        prefix=prefix,
+        gateway=gateway,
+        nameservers=r.value(s, "nameservers", f"{path}.nameservers", _ip_list,
+                            "is not a non-empty list of IP addresses",
+                            default=network.nameservers if network else ()),
+        mac=r.value(s, "mac", f"{path}.mac", _mac, "is not a MAC address (expected e.g. bc:24:11:80:a1:9b)"),
+        mtu=r.value(s, "mtu", f"{path}.mtu", _mtu, f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}",
+                    default=network.mtu if network else None),
+        kernel_modules=r.value(s, "kernelModules", f"{path}.kernelModules", _string_list,
+                               "is not a list of kernel module names", default=()),
+        patches=_patches(r, s.get("patches"), f"{path}.patches"),
+    )
+
+
+def _node_address(r: _Reader, s: Mapping, path: str,
+                  network: Optional[NetworkSettings]) -> tuple[Optional[str], Optional[int]]:
+    """A node's `ip` is a bare address inside network.subnet, or address/prefix for a subnet of its own."""
+    raw = s.get("ip")
+    if raw is None:
+        r.fail(f"{path}.ip", None, "is required (an IP address, e.g. 10.255.200.201)")
+        return None, None
+    try:
+        if not isinstance(raw, str):
+            raise TypeError
+        iface = ipaddress.ip_interface(raw)
+    except (ValueError, TypeError):
+        r.fail(f"{path}.ip", raw, "is not an IP address or address/prefix (expected e.g. 10.255.200.201)")
+        return None, None
+    if "/" in raw:
+        if iface.ip in (iface.network.network_address, iface.network.broadcast_address) and iface.network.prefixlen < 31:
+            r.fail(f"{path}.ip", raw, f"is the network or broadcast address of {iface.network}")
+        return str(iface.ip), iface.network.prefixlen
+    if network is None:
+        return str(iface.ip), iface.network.prefixlen
+    if iface.ip not in network.subnet:
+        r.fail(f"{path}.ip", raw, f"is outside network.subnet {network.subnet}")
+        return None, None
+    if iface.ip in (network.subnet.network_address, network.subnet.broadcast_address):
+        r.fail(f"{path}.ip", raw, f"is the network or broadcast address of {network.subnet}")
+        return None, None
+    return str(iface.ip), network.subnet.prefixlen
+
+
+def _vm_id(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 999_999_999:
+        raise ValueError
+    return v
+
+
+def _abs_path(v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise ValueError
+    return v
+
+
+def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
+    s = r.section(raw, "cilium", ("enabled", "version", "repository", "values"))
+    return CiliumSettings(
+        enabled=r.value(s, "enabled", "cilium.enabled", _bool, "is not true or false", default=True),
+        version=r.value(s, "version", "cilium.version", _version, "is not a chart version (expected e.g. 1.19.6)",
+                        default=DEFAULT_CILIUM_VERSION),
+        repository=r.value(s, "repository", "cilium.repository", _factory_url, "is not an http(s) chart repository URL",
+                           default="https://helm.cilium.io"),
+        values=r.value(s, "values", "cilium.values", _mapping, "is not a mapping of Helm values", default={}),
+    )
+
+
+def _read_hubble(r: _Reader, raw: Any) -> HubbleSettings:
+    s = r.section(raw, "hubble", ("enabled", "relay", "ui", "uiServiceType"))
+    return HubbleSettings(
+        enabled=r.value(s, "enabled", "hubble.enabled", _bool, "is not true or false", default=True),
+        relay=r.value(s, "relay", "hubble.relay", _bool, "is not true or false", default=True),
+        ui=r.value(s, "ui", "hubble.ui", _bool, "is not true or false", default=True),
+        ui_service_type=r.value(s, "uiServiceType", "hubble.uiServiceType",
+                                _one_of("ClusterIP", "NodePort", "LoadBalancer"),
+                                "is not a Service type (expected ClusterIP, NodePort or LoadBalancer)",
+                                default="ClusterIP"),
+    )
+
+
+def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
+    s = r.section(raw, "ccm", ("enabled", "chart", "version", "replicas", "controllers", "nodeIpam", "values"))
+    controllers = r.value(s, "controllers", "ccm.controllers", _controllers,
+                          f"is not a list of CCM controllers (expected some of: {', '.join(KNOWN_CCM_CONTROLLERS)})",
+                          default=DEFAULT_CCM_CONTROLLERS)
+    node_ipam = None
+    if s.get("nodeIpam") is not None:
+        ni = r.section(s["nodeIpam"], "ccm.nodeIpam", ("cidrAllocatorType", "maskSizeIpv4", "maskSizeIpv6"))
+        node_ipam = NodeIpam(
+            cidr_allocator_type=r.value(ni, "cidrAllocatorType", "ccm.nodeIpam.cidrAllocatorType",
+                                        _one_of("CloudAllocator", "RangeAllocator"),
+                                        "is not an allocator (expected CloudAllocator or RangeAllocator)",
+                                        default="CloudAllocator"),
+            mask_size_ipv4=r.value(ni, "maskSizeIpv4", "ccm.nodeIpam.maskSizeIpv4", _mask(32),
+                                   "is not a prefix length in 1-32", default=24),
+            mask_size_ipv6=r.value(ni, "maskSizeIpv6", "ccm.nodeIpam.maskSizeIpv6", _mask(128),
+                                   "is not a prefix length in 1-128", default=80),
+        )
+        if controllers is not None and "node-ipam-controller" not in controllers:
+            controllers = (*controllers, "node-ipam-controller")
+    return CcmSettings(
+        enabled=r.value(s, "enabled", "ccm.enabled", _bool, "is not true or false", default=True),
+        chart=r.value(s, "chart", "ccm.chart", _oci_ref, "is not an OCI chart reference (expected oci://...)",
+                      default="oci://ghcr.io/siderolabs/charts/talos-cloud-controller-manager"),
+        version=r.value(s, "version", "ccm.version", _version, "is not a chart version (expected e.g. 0.5.4)",
+                        default=DEFAULT_CCM_CHART_VERSION),
+        replicas=r.value(s, "replicas", "ccm.replicas", _positive_int, "is not a replica count (positive integer)",
+                         default=1),
+        controllers=controllers,
+        node_ipam=node_ipam,
+        values=r.value(s, "values", "ccm.values", _mapping, "is not a mapping of Helm values", default={}),
+    )
+
+
+def _read_lifecycle(r: _Reader, raw: Any) -> LifecycleSettings:
+    s = r.section(raw, "lifecycle", ("timeoutSeconds", "resetOnDelete"))
+    return LifecycleSettings(
+        timeout_seconds=r.value(s, "timeoutSeconds", "lifecycle.timeoutSeconds", _positive_int,
+                                "is not a timeout in seconds (positive integer)",
+                                default=DEFAULT_LIFECYCLE_TIMEOUT_SECONDS),
+        reset_on_delete=r.value(s, "resetOnDelete", "lifecycle.resetOnDelete", _bool, "is not true or false",
+                                default=True),
+    )
+
+
+def _read_health(r: _Reader, raw: Any) -> HealthSettings:
+    s = r.section(raw, "health", ("wait", "timeoutSeconds"))
+    return HealthSettings(
+        wait=r.value(s, "wait", "health.wait", _bool, "is not true or false", default=True),
+        timeout_seconds=r.value(s, "timeoutSeconds", "health.timeoutSeconds", _positive_int,
+                                "is not a timeout in seconds (positive integer)",
+                                default=DEFAULT_HEALTH_TIMEOUT_SECONDS),
+    )
+
+
+def _controllers(v: Any) -> tuple[str, ...]:
+    names = _string_list(v)
+    if not names or any(n not in KNOWN_CCM_CONTROLLERS for n in names):
+        raise ValueError
+    return names
+
+
+def _mask(bits: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bits:
+            raise ValueError
+        return v
+    return check
+
+
+def _oci_ref(v: Any) -> str:
+    if not isinstance(v, str) or not v.startswith("oci://") or len(v) <= 6:
+        raise ValueError
+    return v
+
+
+# ---------------------------------------------------------------- whole-stack checks
+
+
+def _check_nodes(r: _Reader, nodes: list[NodeSettings]) -> None:
+    for attr, key in (("name", "name"), ("ip", "ip"), ("mac", "mac"), ("vm_id", "vmId")):
+        seen: dict[Any, int] = {}
+        for i, node in enumerate(nodes):
+            value = getattr(node, attr)
+            if value is None:
+                continue
+            if value in seen:
+                r.fail(f"nodes[{i}].{key}", value, f"duplicates nodes[{seen[value]}].{key} (expected unique values)")
+            else:
+                seen[value] = i
+    control_planes = [n for n in nodes if n.role == "controlplane"]
+    if nodes and not control_planes and all(n.role for n in nodes):
+        r.fail("nodes", f"{len(nodes)} nodes, 0 with role controlplane", "has no control-plane node (expected at least 1)")
+    elif len(control_planes) % 2 == 0 and control_planes:
+        r.warnings.append(
+            f"{PROJECT}:nodes: {len(control_planes)} control-plane nodes is an even number; etcd keeps quorum "
+            f"best with an odd number (1, 3, 5)")
+
+
+def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings]) -> None:
+    vip = cluster["vip"]
+    if vip is not None:
+        for i, node in enumerate(nodes):
+            if node.ip == vip:
+                r.fail("cluster.vip", vip, f"equals nodes[{i}].ip (expected an unused address in the nodes' subnet)")
+        cps = [n for n in nodes if n.role == "controlplane" and n.ip]
+        if cps and not any(ipaddress.ip_address(vip) in ipaddress.ip_interface(n.address).network for n in cps):
+            r.fail("cluster.vip", vip, "is outside every control-plane node's subnet (a Layer 2 VIP must share it)")
+    if cluster["endpoint"] is None:
+        host = vip or next((n.ip for n in nodes if n.role == "controlplane" and n.ip), None)
+        if host is not None:
+            host = f"[{host}]" if ":" in host else host
+            cluster["endpoint"] = f"https://{host}:6443"
+
+
+def _default_kubernetes_version(cluster: dict) -> None:
+    talos = cluster["talos_version"]
+    if cluster["kubernetes_version"] is not None or talos is None:
+        return
+    cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[".".join(talos.split(".")[:2])]
+
+
+def load_settings(raw: Mapping[str, Any]) -> Settings:
+    """Validate a stack's raw config (top-level keys without the project prefix) into `Settings`."""
+    r = _Reader()
+    for unknown in sorted(set(raw) - set(TOP_LEVEL_KEYS)):
+        if raw[unknown] is not None:
+            r.fail(unknown, "...", f"is not a known key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
+    cluster = _read_cluster(r, raw.get("cluster"))
+    _default_kubernetes_version(cluster)
+    network = _read_network(r, raw.get("network"))
+    proxmox = _read_proxmox(r, raw.get("proxmox"))
+    image = _read_image(r, raw.get("image"))
+    raw_nodes = raw.get("nodes")
+    nodes: list[NodeSettings] = []
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        r.fail("nodes", raw_nodes, "is not a non-empty list of nodes")
+    else:
+        nodes = [n for i, item in enumerate(raw_nodes) if (n := _read_node(r, item, i, network, proxmox)) is not None]
+    _check_nodes(r, nodes)
+    _endpoint_and_vip(r, cluster, nodes)
+    if cluster["kubespan"].enabled and cluster["kubespan"].mtu is not None and cluster["kubespan"].mtu < 1280:
+        r.fail("cluster.kubespan.mtu", cluster["kubespan"].mtu, "is below 1280, the least WireGuard over IPv6 carries")
+    cilium = _read_cilium(r, raw.get("cilium"))
+    hubble = _read_hubble(r, raw.get("hubble"))
+    ccm = _read_ccm(r, raw.get("ccm"))
+    health = _read_health(r, raw.get("health"))
+    lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
+    if r.problems:
+        raise SettingsError(r.problems)
+    return Settings(
+        cluster=ClusterSettings(**cluster),
+        network=network,
+        proxmox=proxmox,
+        image=image,
+        nodes=tuple(nodes),
+        cilium=cilium,
+        hubble=hubble,
+        ccm=ccm,
+        health=health,
+        lifecycle=lifecycle,
+        warnings=tuple(r.warnings),
+    )
+
+
+def stack_file_config(path: str) -> dict[str, Any]:
+    """This project's keys from a `stacks/Pulumi.<stack>.yaml`, prefix stripped, as `load_settings` takes them.
+
+    Used where no Pulumi engine runs (the offline render command, tests); `pulumi up` reads the same
+    values through `pulumi.Config`.
+    """
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        document = yaml.safe_load(f) or {}
+    prefix = f"{PROJECT}:"
+    return {k[len(prefix):]: v for k, v in (document.get("config") or {}).items() if k.startswith(prefix)}

@@ -1,0 +1,659 @@
+"""Render a Talos machine configuration: `talosctl gen config` defaults for one role, then patches.
+
+`render(secrets, cluster_name, endpoint, role, talos_version, kubernetes_version, patches)` returns
+the complete multi-document YAML for a `controlplane` or `worker` node of Talos contract v1.12 or
+v1.13, byte-for-byte in the layout talosctl writes with `--with-docs=false --with-examples=false`
+(same inputs always give the same bytes, so a diff of two renders is exactly the change).
+
+Defaults are those of `talosctl gen config` for the contract (siderolabs/talos v1.13.7
+pkg/machinery/config/generate and the v1.12/v1.13 stability fixtures), with one deliberate
+difference: the install disk is not defaulted to /dev/sda. Guessing the disk wipes the wrong one or
+fails late; a patch must set `machine.install.disk` (or `diskSelector`), otherwise render refuses.
+
+Patches are applied in order, as `talosctl --config-patch` does:
+  - strategic merge: a dict, or YAML text with one or more documents. A document without
+    apiVersion/kind patches the v1alpha1 document; others patch the document with the same
+    apiVersion/kind/name or are appended. Maps merge, lists append, except podSubnets/serviceSubnets
+    and auditPolicy (replaced), network interfaces (merged by `interface` or by equal
+    `deviceSelector`), VLANs (by vlanId), admission plugins (by name) and extraArgs (key by key).
+    `$patch: delete` removes a key, a list item (matched by its first other key) or a document.
+    As in Talos, "" or 0 in a patch does not clear a set string/integer field (use `$patch: delete`).
+  - RFC 6902 JSON patch: a list of operations (or YAML/JSON text of one), applied to the v1alpha1
+    document. (talosctl refuses JSON patches on multi-document configs; addressing v1alpha1 is
+    what such a patch means.)
+
+The patched documents are re-encoded the way Talos re-encodes them (struct key order, Go's
+omitempty, inline manifests' leading newlines trimmed), so the output is what `talosctl gen config
+--config-patch ...` writes; the upstream configpatcher fixtures reproduce byte for byte.
+ExtensionServiceConfig.configFiles merge by mountPath and NetworkRuleConfig ports/ingress are
+replaced, as in Talos; other documents merge with the default rules.
+
+The result is validated: unknown keys anywhere in v1alpha1, role mismatches, controlplane-only
+sections on a worker, a missing install disk, malformed interfaces. Errors name the patch, the key
+and what was expected, and never include values from the secrets bundle.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import functools
+import re
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import urlparse
+
+import jsonpatch
+import jsonpointer
+import yaml
+
+from talos_proxmox.talos_config import talos_yaml
+from talos_proxmox.talos_config.secrets_bundle import SecretsBundleError
+from talos_proxmox.talos_config.v1alpha1_schema import (
+    ARGS_FIELDS,
+    DOCUMENT_MERGE_STRUCTS,
+    INLINE_MANIFEST_TRIM,
+    KEYED_LISTS,
+    MERGE_STRUCTS,
+    ROOT,
+    STRUCTS,
+)
+
+ROLES = ("controlplane", "worker")
+SUPPORTED_CONTRACTS = ((1, 12), (1, 13))
+
+KUBELET_IMAGE = "ghcr.io/siderolabs/kubelet"
+APISERVER_IMAGE = "registry.k8s.io/kube-apiserver"
+CONTROLLER_MANAGER_IMAGE = "registry.k8s.io/kube-controller-manager"
+SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
+PROXY_IMAGE = "registry.k8s.io/kube-proxy"
+INSTALLER_IMAGE = "ghcr.io/siderolabs/installer"  # talosctl's default up to v1.13
+DEFAULT_POD_SUBNET = "10.244.0.0/16"
+DEFAULT_SERVICE_SUBNET = "10.96.0.0/12"
+DEFAULT_DNS_DOMAIN = "cluster.local"
+DEFAULT_KUBEPRISM_PORT = 7445
+EXCLUDE_FROM_LB_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
+
+# Sections only a control-plane node uses; on a worker they are a mistake and several carry keys
+# that must not reach workers.
+CONTROLPLANE_ONLY = (
+    ("machine", "controlPlane"),
+    ("cluster", "aggregatorCA"),
+    ("cluster", "serviceAccount"),
+    ("cluster", "secretboxEncryptionSecret"),
+    ("cluster", "aescbcEncryptionSecret"),
+    ("cluster", "apiServer"),
+    ("cluster", "controllerManager"),
+    ("cluster", "scheduler"),
+    ("cluster", "etcd"),
+    ("cluster", "inlineManifests"),
+    ("cluster", "extraManifests"),
+    ("cluster", "extraManifestHeaders"),
+    ("cluster", "adminKubeconfig"),
+    ("cluster", "allowSchedulingOnControlPlanes"),
+    ("cluster", "allowSchedulingOnMasters"),
+)
+
+_FULL_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-[0-9A-Za-z.-]+)?$")
+_PATCH_DELETE = "$patch"
+
+
+class MachineConfigError(ValueError):
+    """The inputs or the patched result are not a valid machine configuration."""
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+
+def parse_talos_version(talos_version: str) -> tuple[tuple[int, int], str]:
+    """((major, minor), "vX.Y.Z") of a full Talos version; the contract must be a supported one."""
+    match = _FULL_VERSION_RE.match(str(talos_version).strip())
+    if not match:
+        raise MachineConfigError(
+            f"talos_version {talos_version!r} is not a full Talos version; expected e.g. 'v1.13.7'"
+        )
+    contract = (int(match.group(1)), int(match.group(2)))
+    if contract not in SUPPORTED_CONTRACTS:
+        supported = ", ".join(f"v{a}.{b}" for a, b in SUPPORTED_CONTRACTS)
+        raise MachineConfigError(f"talos_version {talos_version!r}: contract v{contract[0]}.{contract[1]} "
+                                 f"is not supported; expected one of {supported}")
+    return contract, "v" + str(talos_version).strip().lstrip("v")
+
+
+def _kubernetes_version(kubernetes_version: str) -> str:
+    version = str(kubernetes_version).strip().lstrip("v")
+    if not re.match(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?$", version):
+        raise MachineConfigError(f"kubernetes_version {kubernetes_version!r} is not a Kubernetes version; "
+                                 "expected e.g. '1.34.1'")
+    return version
+
+
+def _check_endpoint(endpoint: str) -> str:
+    parsed = urlparse(str(endpoint))
+    if parsed.scheme != "https" or not parsed.hostname:
+        raise MachineConfigError(f"endpoint {endpoint!r} is not a Kubernetes API URL; "
+                                 "expected e.g. 'https://10.255.200.201:6443'")
+    return str(endpoint)
+
+
+def _bundle_value(secrets: Mapping, path: str) -> str:
+    node: Any = secrets
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    if not isinstance(node, str) or not node:
+        raise SecretsBundleError(f"secrets bundle: {path} is required")
+    return node
+
+
+# --- gen config defaults -----------------------------------------------------------------------
+
+
+def default_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: str,
+                      talos_version: str, kubernetes_version: str) -> list[dict]:
+    """The documents `talosctl gen config --with-secrets` writes for this role, before any patch
+    (install.disk excepted, see the module docstring)."""
+    if role not in ROLES:
+        raise MachineConfigError(f"role {role!r} is not a node role; expected one of {', '.join(ROLES)}")
+    if not isinstance(cluster_name, str) or not cluster_name.strip():
+        raise MachineConfigError("cluster_name must be a non-empty string")
+    contract, talos_tag = parse_talos_version(talos_version)
+    k8s = _kubernetes_version(kubernetes_version)
+    endpoint = _check_endpoint(endpoint)
+    controlplane = role == "controlplane"
+    get = lambda path: _bundle_value(secrets, path)  # noqa: E731
+
+    machine: dict[str, Any] = {
+        "type": role,
+        "token": get("trustdinfo.token"),
+        "ca": {"crt": get("certs.os.crt"), "key": get("certs.os.key") if controlplane else ""},
+        "certSANs": [],
+        "kubelet": {
+            "image": f"{KUBELET_IMAGE}:v{k8s}",
+            "defaultRuntimeSeccompProfileEnabled": True,
+            "disableManifestsDirectory": True,
+        },
+    }
+    if contract < (1, 13):
+        machine["network"] = {}  # v1.13 moved KubeSpan to its own document and stopped emitting this
+    machine["install"] = {"image": f"{INSTALLER_IMAGE}:{talos_tag}", "wipe": False, "grubUseUKICmdline": True}
+    machine["features"] = {
+        "diskQuotaSupport": True,
+        "kubePrism": {"enabled": True, "port": DEFAULT_KUBEPRISM_PORT},
+        "hostDNS": {"enabled": True, "forwardKubeDNSToHost": True},
+    }
+    if controlplane:
+        machine["nodeLabels"] = {EXCLUDE_FROM_LB_LABEL: ""}
+
+    cluster: dict[str, Any] = {
+        "id": get("cluster.id"),
+        "secret": get("cluster.secret"),
+        "controlPlane": {"endpoint": endpoint},
+        "clusterName": cluster_name,
+        "network": {
+            "dnsDomain": DEFAULT_DNS_DOMAIN,
+            "podSubnets": [DEFAULT_POD_SUBNET],
+            "serviceSubnets": [DEFAULT_SERVICE_SUBNET],
+        },
+        "token": get("secrets.bootstraptoken"),
+    }
+    if controlplane:
+        encryption = secrets.get("secrets", {})
+        if encryption.get("secretboxencryptionsecret"):
+            cluster["secretboxEncryptionSecret"] = encryption["secretboxencryptionsecret"]
+        elif encryption.get("aescbcencryptionsecret"):
+            cluster["aescbcEncryptionSecret"] = encryption["aescbcencryptionsecret"]
+        else:
+            raise SecretsBundleError("secrets bundle: secrets.secretboxencryptionsecret is required")
+        cluster["ca"] = {"crt": get("certs.k8s.crt"), "key": get("certs.k8s.key")}
+        cluster["aggregatorCA"] = {"crt": get("certs.k8saggregator.crt"), "key": get("certs.k8saggregator.key")}
+        cluster["serviceAccount"] = {"key": get("certs.k8sserviceaccount.key")}
+        cluster["apiServer"] = {
+            "image": f"{APISERVER_IMAGE}:v{k8s}",
+            "admissionControl": [{"name": "PodSecurity", "configuration": _pod_security_defaults()}],
+            "auditPolicy": {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]},
+        }
+        cluster["controllerManager"] = {"image": f"{CONTROLLER_MANAGER_IMAGE}:v{k8s}"}
+        cluster["proxy"] = {"image": f"{PROXY_IMAGE}:v{k8s}"}
+        cluster["scheduler"] = {"image": f"{SCHEDULER_IMAGE}:v{k8s}"}
+    else:
+        cluster["ca"] = {"crt": get("certs.k8s.crt"), "key": ""}
+    cluster["discovery"] = {"enabled": True, "registries": {"kubernetes": {"disabled": True}, "service": {}}}
+    if controlplane:
+        cluster["etcd"] = {"ca": {"crt": get("certs.etcd.crt"), "key": get("certs.etcd.key")}}
+
+    v1alpha1 = {"version": "v1alpha1", "debug": False, "persist": True, "machine": machine, "cluster": cluster}
+    hostname = {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"}
+    return [v1alpha1, hostname]
+
+
+def _pod_security_defaults() -> dict:
+    return {
+        "apiVersion": "pod-security.admission.config.k8s.io/v1alpha1",
+        "defaults": {
+            "audit": "restricted", "audit-version": "latest",
+            "enforce": "baseline", "enforce-version": "latest",
+            "warn": "restricted", "warn-version": "latest",
+        },
+        "exemptions": {"namespaces": ["kube-system"], "runtimeClasses": [], "usernames": []},
+        "kind": "PodSecurityConfiguration",
+    }
+
+
+# --- documents ---------------------------------------------------------------------------------
+
+
+def document_id(document: Mapping) -> tuple[str, str, str]:
+    """(apiVersion, kind, name); the legacy v1alpha1 document has no apiVersion/kind: ("", "v1alpha1", "")."""
+    if "apiVersion" not in document and "kind" not in document:
+        return ("", "v1alpha1", "")
+    return (str(document.get("apiVersion", "")), str(document.get("kind", "")), str(document.get("name", "") or ""))
+
+
+def _describe(doc_id: tuple[str, str, str]) -> str:
+    api, kind, name = doc_id
+    if not api:
+        return "the v1alpha1 document"
+    return f"document {api}/{kind}" + (f" named {name!r}" if name else "")
+
+
+# --- patches -----------------------------------------------------------------------------------
+
+
+def parse_patch(patch: Any, label: str) -> tuple[str, Any]:
+    """("strategic", [documents]) or ("json6902", [operations]) for one patch input."""
+    if isinstance(patch, Mapping):
+        return "strategic", [copy.deepcopy(dict(patch))]
+    if isinstance(patch, (list, tuple)):
+        return "json6902", _check_operations(list(patch), label)
+    if isinstance(patch, str):
+        try:
+            documents = copy.deepcopy(_load_patch_text(patch))
+        except yaml.YAMLError as exc:
+            raise MachineConfigError(f"{label}: not valid YAML{talos_yaml.yaml_error_location(exc)}") from None
+        if len(documents) == 1 and isinstance(documents[0], list):
+            return "json6902", _check_operations(documents[0], label)
+        for index, document in enumerate(documents):
+            if not isinstance(document, dict):
+                raise MachineConfigError(f"{label}: document {index + 1} is a {type(document).__name__}; "
+                                         "expected a mapping (strategic merge) or one list of RFC 6902 operations")
+        if not documents:
+            raise MachineConfigError(f"{label}: is empty")
+        return "strategic", documents
+    raise MachineConfigError(f"{label}: is a {type(patch).__name__}; expected a mapping, YAML text or a list "
+                             "of RFC 6902 operations")
+
+
+@functools.lru_cache(maxsize=512)
+def _load_patch_text(text: str) -> list:
+    # Many nodes share the same role/cluster patch text; parse each text once (callers deep-copy).
+    return talos_yaml.load_documents(text)
+
+
+def _check_operations(operations: list, label: str) -> list:
+    for index, op in enumerate(operations):
+        if not isinstance(op, Mapping) or op.get("op") not in ("add", "remove", "replace", "move", "copy", "test") \
+                or not isinstance(op.get("path"), str):
+            raise MachineConfigError(f"{label}: operation {index + 1} is not an RFC 6902 operation; expected "
+                                     "a mapping with op (add/remove/replace/move/copy/test) and path")
+    return [dict(op) for op in operations]
+
+
+def _apply_json6902(documents: list[dict], operations: list, label: str) -> list[dict]:
+    index = next(i for i, d in enumerate(documents) if document_id(d)[1] == "v1alpha1" and not document_id(d)[0])
+    target = documents[index]
+    for number, op in enumerate(operations, start=1):
+        try:
+            target = jsonpatch.apply_patch(target, [op], in_place=False)
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, KeyError, IndexError, TypeError) as exc:
+            # The library's messages can quote document values (secrets); keep op, path and error class.
+            raise MachineConfigError(f"{label}: operation {number} ({op['op']} {op['path']}) cannot be applied "
+                                     f"to the v1alpha1 document ({type(exc).__name__})") from None
+    if not isinstance(target, dict):
+        raise MachineConfigError(f"{label}: the v1alpha1 document is no longer a mapping")
+    return documents[:index] + [target] + documents[index + 1:]
+
+
+def _apply_strategic(documents: list[dict], patch_docs: list[dict], label: str) -> list[dict]:
+    result = documents
+    for patch_doc in patch_docs:
+        doc_id = document_id(patch_doc)
+        if doc_id[0] and (not doc_id[1]):
+            raise MachineConfigError(f"{label}: a document with apiVersion needs a kind too")
+        patch_doc = copy.deepcopy(patch_doc)
+        target_index = next((i for i, d in enumerate(result) if document_id(d) == doc_id), None)
+
+        if patch_doc.get(_PATCH_DELETE) == "delete":
+            if not doc_id[0]:
+                raise MachineConfigError(f"{label}: the v1alpha1 document cannot be deleted")
+            if target_index is None:
+                raise MachineConfigError(f"{label}: $patch: delete of {_describe(doc_id)}, which the config does not have")
+            result = result[:target_index] + result[target_index + 1:]
+            continue
+
+        deletes = _collect_deletes(patch_doc, (), label)
+        if target_index is None:
+            if deletes:
+                raise MachineConfigError(f"{label}: $patch: delete inside {_describe(doc_id)}, which the config does not have")
+            result = result + [patch_doc]
+            continue
+        target = copy.deepcopy(result[target_index])
+        for path, selector in deletes:
+            _delete(target, path, selector, label)
+        struct = ROOT if not doc_id[0] else DOCUMENT_MERGE_STRUCTS.get(doc_id[1])
+        _merge(target, patch_doc, struct, (), label)
+        result = result[:target_index] + [target] + result[target_index + 1:]
+    return result
+
+
+def _collect_deletes(node: Any, path: tuple, label: str) -> list[tuple[tuple, Any]]:
+    """Strip `$patch: delete` markers from a patch document; return (path, selector) for each.
+
+    selector is None for "delete the key at path", or (key, value) for "delete the items of the list
+    at path whose `key` equals `value`".
+    """
+    found: list[tuple[tuple, Any]] = []
+    if isinstance(node, dict):
+        for key in list(node):
+            value = node[key]
+            if isinstance(value, dict) and value.get(_PATCH_DELETE) == "delete":
+                if any(isinstance(p, int) for p in path):
+                    raise MachineConfigError(f"{label}: cannot delete the inner key {_dotted(path + (key,))}")
+                found.append((path + (key,), None))
+                del node[key]
+            elif isinstance(value, list):
+                kept = []
+                for item in value:
+                    if isinstance(item, dict) and item.get(_PATCH_DELETE) == "delete":
+                        others = [(k, v) for k, v in item.items() if k != _PATCH_DELETE]
+                        if not others:
+                            raise MachineConfigError(f"{label}: $patch: delete in list {_dotted(path + (key,))} needs "
+                                                     "a key to match the item, e.g. {interface: eth0, $patch: delete}")
+                        found.append((path + (key,), others[0]))
+                    else:
+                        found.extend(_collect_deletes(item, path + (key, len(kept)), label))
+                        kept.append(item)
+                if kept:
+                    node[key] = kept
+                else:
+                    del node[key]
+            else:
+                found.extend(_collect_deletes(value, path + (key,), label))
+    return found
+
+
+def _delete(target: dict, path: tuple, selector: Any, label: str) -> None:
+    parent: Any = target
+    for part in path[:-1]:
+        parent = parent.get(part) if isinstance(parent, dict) else None
+        if parent is None:
+            break
+    last = path[-1]
+    if not isinstance(parent, dict) or last not in parent:
+        raise MachineConfigError(f"{label}: $patch: delete of {_dotted(path)}, which the config does not have")
+    if selector is None:
+        del parent[last]
+        return
+    key, value = selector
+    items = parent[last]
+    if not isinstance(items, list):
+        raise MachineConfigError(f"{label}: $patch: delete expects {_dotted(path)} to be a list")
+    remaining = [item for item in items if not (isinstance(item, dict) and _selector_equal(item.get(key), value))]
+    if len(remaining) == len(items):
+        raise MachineConfigError(f"{label}: $patch: delete found no item of {_dotted(path)} with that {key}")
+    parent[last] = remaining
+
+
+def _selector_equal(left: Any, right: Any) -> bool:
+    if isinstance(left, dict) or isinstance(right, dict):
+        return left == right
+    return left is not None and str(left) == str(right)
+
+
+def _merge(left: dict, right: dict, struct: str | None, path: tuple, label: str) -> None:
+    """Merge `right` into `left` in place with Talos' rules for the given v1alpha1 struct (None: free-form)."""
+    fields = MERGE_STRUCTS.get(struct, {}) if struct else {}
+    for key, rvalue in right.items():
+        field = fields.get(key)
+        here = path + (key,)
+        lvalue = left.get(key)
+        if rvalue is None:
+            continue  # an empty value in a patch changes nothing (Go merges nil as no-op)
+        if lvalue is None:
+            left[key] = copy.deepcopy(rvalue)
+        elif field is not None and field.replace:
+            left[key] = copy.deepcopy(rvalue)
+        elif isinstance(lvalue, dict) and isinstance(rvalue, dict):
+            if field is not None and field.container == "{}" and key in ARGS_FIELDS:
+                lvalue.update(copy.deepcopy(rvalue))
+            elif field is not None and field.container == "{}":
+                for map_key, map_value in rvalue.items():
+                    if isinstance(lvalue.get(map_key), dict) and isinstance(map_value, dict):
+                        _merge(lvalue[map_key], map_value, field.struct, here + (map_key,), label)
+                    else:
+                        _merge(lvalue, {map_key: map_value}, None, here, label)
+            else:
+                _merge(lvalue, rvalue, field.struct if field else None, here, label)
+        elif isinstance(lvalue, list) and isinstance(rvalue, list):
+            keys = KEYED_LISTS.get(struct, {}).get(key) if struct else None
+            if keys:
+                left[key] = _merge_keyed(lvalue, rvalue, keys, field.struct if field else None, here, label)
+            else:
+                left[key] = lvalue + copy.deepcopy(rvalue)
+        elif isinstance(lvalue, (dict, list)) or isinstance(rvalue, (dict, list)):
+            raise MachineConfigError(f"{label}: {_dotted(here)} is a {_kind(rvalue)} in the patch but a "
+                                     f"{_kind(lvalue)} in the config; expected a {_kind(lvalue)}")
+        elif not _zero_keeps_existing(field, struct, rvalue):
+            left[key] = rvalue
+
+
+def _zero_keeps_existing(field, struct: str | None, value: Any) -> bool:
+    """Go's merge leaves a set string/integer alone when the patch has "" or 0 there, unless the
+    field is a pointer (booleans always overwrite)."""
+    is_zero = value == "" or (isinstance(value, int) and not isinstance(value, bool) and value == 0)
+    if not is_zero:
+        return False
+    if field is None:
+        return struct is None  # free-form maps hold plain Go values
+    return not field.pointer and field.scalar in ("s", "i")
+
+
+def _merge_keyed(existing: list, incoming: list, keys: tuple, struct: str | None, path: tuple, label: str) -> list:
+    result = copy.deepcopy(existing)
+    for item in incoming:
+        match = None
+        if isinstance(item, dict):
+            key = next((k for k in keys if item.get(k) not in (None, "")), None)
+            if key is not None:
+                match = next((e for e in result if isinstance(e, dict) and e.get(key) == item[key]), None)
+        if match is not None:
+            _merge(match, item, struct, path, label)
+        else:
+            result.append(copy.deepcopy(item))
+    return result
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "mapping"
+    if isinstance(value, list):
+        return "list"
+    return "scalar"
+
+
+def _dotted(path: Iterable) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document root)"
+
+
+# --- order and validation ----------------------------------------------------------------------
+
+
+def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -> Any:
+    """The value as Talos re-encodes it: struct key order, free-form maps sorted, Go's omitempty
+    (empty values of omitempty fields dropped, empty non-omitempty fields written out);
+    unknown keys and wrong shapes reported in `errors`."""
+    if struct is None:
+        if isinstance(value, dict):
+            return {k: _normalize(value[k], None, path + (k,), errors) for k in sorted(value, key=str)}
+        if isinstance(value, list):
+            return [_normalize(v, None, path + (i,), errors) for i, v in enumerate(value)]
+        return value
+    fields = STRUCTS[struct]
+    if not isinstance(value, dict):
+        errors.append(f"{_dotted(path)}: expected a mapping, got a {_kind(value)}")
+        return value
+    for key in value:
+        if key not in fields:
+            hint = difflib.get_close_matches(str(key), list(fields), n=1)
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else f"; expected one of: {', '.join(fields)}"
+            where = f"{_dotted(path)}" if path else "top level of the v1alpha1 document"
+            errors.append(f"unknown key {key!r} at {where}{suggestion}")
+    ordered: dict[str, Any] = {}
+    for name, field in fields.items():
+        here = path + (name,)
+        if name not in value:
+            if field.always:
+                zero = _zero(field, here, errors)
+                if zero is not _OMIT:
+                    ordered[name] = zero
+            continue
+        child = value[name]
+        if field.container == "[]":
+            if not isinstance(child, list):
+                errors.append(f"{_dotted(here)}: expected a list, got a {_kind(child)}")
+            else:
+                child = [_normalize(v, field.struct, here + (i,), errors) for i, v in enumerate(child)]
+        elif field.container == "{}":
+            if not isinstance(child, dict):
+                errors.append(f"{_dotted(here)}: expected a mapping, got a {_kind(child)}")
+            else:
+                child = {k: _normalize(child[k], field.struct, here + (k,), errors) for k in sorted(child, key=str)}
+        else:
+            child = _normalize(child, field.struct, here, errors)
+        if field.always or not _omitted_when_empty(field, child):
+            ordered[name] = child
+    if struct == "ClusterInlineManifest" and isinstance(ordered.get("contents"), str):
+        ordered["contents"] = ordered["contents"].lstrip(INLINE_MANIFEST_TRIM)
+    return ordered
+
+
+_OMIT = object()
+
+
+def _zero(field, path: tuple, errors: list[str]) -> Any:
+    """How Go encodes an unset field that has no omitempty."""
+    if field.container == "[]":
+        return []
+    if field.container == "{}":
+        return {}
+    if field.pointer:
+        return None
+    if field.struct:
+        return _normalize({}, field.struct, path, errors)
+    return {"s": "", "b": False, "i": 0}.get(field.scalar, _OMIT)
+
+
+def _omitted_when_empty(field, value: Any) -> bool:
+    """Go's omitempty: nil, empty lists/maps, and for non-pointers "", false, 0 or an all-empty struct."""
+    if value is None:
+        return True
+    if field.container:
+        return value in ([], {})
+    if field.pointer:
+        return False
+    if field.struct:
+        return value == {}
+    return (field.scalar == "s" and value == "") or (field.scalar == "b" and value is False) \
+        or (field.scalar == "i" and value == 0 and value is not False)
+
+
+def _normalize_other(document: dict) -> dict:
+    head = {k: document[k] for k in ("apiVersion", "kind", "name") if k in document}
+    return {**head, **{k: v for k, v in document.items() if k not in head}}
+
+
+def _validate(v1alpha1: dict, role: str, errors: list[str]) -> None:
+    machine = v1alpha1.get("machine") if isinstance(v1alpha1.get("machine"), dict) else {}
+    cluster = v1alpha1.get("cluster") if isinstance(v1alpha1.get("cluster"), dict) else {}
+    if v1alpha1.get("version") != "v1alpha1":
+        errors.append("version: expected 'v1alpha1'")
+    node_type = machine.get("type")
+    if node_type != role:
+        errors.append(f"machine.type is {node_type!r} but this node's role is {role!r}; patches must not change the role")
+    install = machine.get("install") if isinstance(machine.get("install"), dict) else {}
+    if not install.get("disk") and not install.get("diskSelector"):
+        errors.append("machine.install.disk is missing; expected a patch setting the install disk, "
+                      "e.g. {machine: {install: {disk: /dev/sda}}} (or machine.install.diskSelector)")
+    endpoint = (cluster.get("controlPlane") or {}).get("endpoint") if isinstance(cluster.get("controlPlane"), dict) else None
+    if not isinstance(endpoint, str) or urlparse(endpoint).scheme != "https":
+        errors.append("cluster.controlPlane.endpoint: expected an https:// URL of the Kubernetes API")
+    if role == "worker":
+        for section, key in CONTROLPLANE_ONLY:
+            container = machine if section == "machine" else cluster
+            if key in container:
+                errors.append(f"{section}.{key} is only valid on controlplane nodes, but this node's role is worker")
+        for section, container in (("machine", machine), ("cluster", cluster)):
+            ca = container.get("ca")
+            if isinstance(ca, dict) and ca.get("key"):
+                errors.append(f"{section}.ca.key must be empty on a worker (the CA key stays on control planes)")
+    network = machine.get("network") if isinstance(machine.get("network"), dict) else {}
+    for index, device in enumerate(network.get("interfaces") or []):
+        if not isinstance(device, dict):
+            continue
+        has_name, has_selector = bool(device.get("interface")), device.get("deviceSelector") is not None
+        if has_name == has_selector:
+            errors.append(f"machine.network.interfaces[{index}]: expected exactly one of interface or deviceSelector")
+
+
+def finalize(documents: list[dict], role: str) -> list[dict]:
+    """Order keys the way Talos encodes them and validate; raises MachineConfigError listing every problem."""
+    errors: list[str] = []
+    seen: set = set()
+    result = []
+    for document in documents:
+        doc_id = document_id(document)
+        if doc_id in seen:
+            errors.append(f"{_describe(doc_id)} appears twice")
+        seen.add(doc_id)
+        if not doc_id[0]:
+            normalized = _normalize(document, ROOT, (), errors)
+            _validate(normalized, role, errors)
+            result.append(normalized)
+        else:
+            if not doc_id[1]:
+                errors.append(f"a document with apiVersion {doc_id[0]!r} has no kind")
+            result.append(_normalize_other(document))
+    if errors:
+        raise MachineConfigError("machine configuration is invalid:\n  - " + "\n  - ".join(errors))
+    return result
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def render_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: str, talos_version: str,
+                     kubernetes_version: str, patches: Sequence[Any] = ()) -> list[dict]:
+    """Like `render`, as parsed documents."""
+    documents = default_documents(secrets, cluster_name, endpoint, role, talos_version, kubernetes_version)
+    for number, patch in enumerate(patches or (), start=1):
+        label = f"patch {number}"
+        kind, body = parse_patch(patch, label)
+        if kind == "json6902":
+            documents = _apply_json6902(documents, body, label)
+        else:
+            documents = _apply_strategic(documents, body, label)
+    return finalize(documents, role)
+
+
+def render(secrets: Mapping, cluster_name: str, endpoint: str, role: str, talos_version: str,
+           kubernetes_version: str, patches: Sequence[Any] = ()) -> str:
+    """The complete machine configuration YAML for one node (see the module docstring)."""
+    return talos_yaml.dump_documents(
+        render_documents(secrets, cluster_name, endpoint, role, talos_version, kubernetes_version, patches)
+    )
+
+
+def parse_config(text: str) -> list[dict]:
+    """The documents of a rendered (or talosctl-written) machine configuration."""
+    return talos_yaml.load_documents(text)
