@@ -1,4 +1,4 @@
-"""TLS for the Talos gRPC client through OpenSSL, via a loopback relay.
+"""TLS for the Talos gRPC client through OpenSSL, via a relay only this process can open.
 
 Why not grpcio's own TLS: grpcio is built on BoringSSL, whose client does not offer Ed25519 in
 its signature_algorithms (grpc/grpc#24252) and has no "skip server verification" switch. Every
@@ -6,9 +6,11 @@ Talos API certificate is Ed25519 by default (the OS CA, the apid server certific
 it, and the maintenance-mode CA), so a grpcio TLS channel cannot even finish the handshake with a
 real node. Python's ssl module (OpenSSL) handles Ed25519 and CERT_NONE fine.
 
-So the gRPC channel speaks plaintext HTTP/2 to a listener on 127.0.0.1 that only this process
-uses, and every connection accepted there is relayed over a TLS connection made with an
-ssl.SSLContext (ALPN h2, optional client certificate). TLS failures are invisible to gRPC (it
+So the gRPC channel speaks plaintext HTTP/2 to a Unix socket, and every connection accepted there is
+relayed over a TLS connection made with an ssl.SSLContext (ALPN h2, optional client certificate).
+The relay speaks with our os:admin identity to whoever connects, so it must not be reachable by any
+other local process or user: the socket lives in a fresh 0700 directory of ours (not on a TCP port,
+which any local process could dial), is itself 0600, and both are removed on close. TLS failures are invisible to gRPC (it
 only sees the socket close), so each bridge keeps the last failure for the client to report.
 
 All bridges share one asyncio loop on a daemon thread.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import ssl
 import tempfile
 import threading
@@ -122,7 +125,9 @@ async def relay(
 
 
 class TlsBridge:
-    """A 127.0.0.1 listener whose connections are relayed over TLS to host:port."""
+    """A private Unix-socket listener whose connections are relayed over TLS to host:port.
+
+    `address` is the gRPC target (`unix:<path>`)."""
 
     def __init__(
         self,
@@ -137,8 +142,11 @@ class TlsBridge:
         self._context = context
         self._connect_timeout = connect_timeout
         self.last_error: BaseException | None = None
-        self._server: asyncio.AbstractServer = run(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self._server.sockets[0].getsockname()[1]
+        self._directory = tempfile.mkdtemp(prefix="talos-relay-")  # 0700, ours alone
+        path = os.path.join(self._directory, "grpc.sock")
+        self._server: asyncio.AbstractServer = run(asyncio.start_unix_server(self._handle, path))
+        os.chmod(path, 0o600)  # the directory already keeps others out; the socket says so too
+        self.address = f"unix:{path}"
 
     async def _handle(self, local_reader: asyncio.StreamReader, local_writer: asyncio.StreamWriter) -> None:
         try:
@@ -187,3 +195,4 @@ class TlsBridge:
             server.close()
 
         run(stop())
+        shutil.rmtree(self._directory, ignore_errors=True)
