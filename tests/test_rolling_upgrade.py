@@ -69,7 +69,9 @@ def test_three_node_roll_goes_one_at_a_time_control_planes_first_each_back_healt
     assert [name for _, name in upgrades] == ["cp-1", "cp-2", "worker-1"]
     for fake in fakes.values():
         (call,) = fake.calls_for("Upgrade")
-        assert call.request.image == IMAGE and call.request.preserve is True
+        assert call.request.image == IMAGE
+        # what talosctl upgrade sends: no preserve (it would skip Talos's etcd checks), stage or force
+        assert (call.request.preserve, call.request.stage, call.request.force) == (False, False, False)
         assert call.roles == ("os:admin",)
         assert fake.version_tag == NEW
     # when each later node was asked to upgrade, the one before it was up again, on the new version
@@ -133,3 +135,17 @@ def test_wait_healthy_waits_through_a_reboot(cluster, credentials):
         wait_healthy(client, worker, expected_tag=OLD, timeout=10, backoff=FAST, sleep=sleep)
     assert slept  # the first checks found it down and were retried
     assert fakes["worker-1"].calls_for("ServiceList")  # and the check that passed saw its services
+
+
+def test_a_rerun_leaves_a_node_already_on_the_target_version_alone(cluster, credentials):
+    """After a roll stopped part-way, the next up must not upgrade (reboot) the nodes it already did."""
+    nodes, fakes = cluster
+    fakes["cp-1"].version_tag = NEW
+    events = []
+
+    done = roll(nodes, _upgrade_step(credentials, events), on_event=lambda what, name: events.append((what, name)))
+
+    assert done == ["cp-1", "cp-2", "worker-1"]
+    assert fakes["cp-1"].calls_for("Upgrade") == []
+    assert ("already-upgraded", "cp-1") in events and ("upgrade-requested", "cp-1") not in events
+    assert [len(fakes[name].calls_for("Upgrade")) for name in ("cp-2", "worker-1")] == [1, 1]

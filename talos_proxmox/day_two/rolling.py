@@ -172,16 +172,22 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
                  on_event: Optional[Event] = None, sleep=time.sleep, clock=time.monotonic) -> None:
     """Upgrade one node to the installer `image` and wait until it is back, healthy, on `talos_version`.
 
-    The node must be healthy first (a node that is already failing is not made worse). The
-    upgrade preserves the node's data (etcd membership stays), as talosctl does by default.
+    The node must be healthy first (a node that is already failing is not made worse). A node that
+    already runs `talos_version` (a rerun after a roll stopped part-way) is left alone. The request is
+    what `talosctl upgrade` sends by default: preserve, stage and force off. `preserve=true` no longer
+    keeps data in Talos 1.13 but skips Talos's own etcd checks before the upgrade (the upgrade lock,
+    refusing to upgrade a member of an unhealthy or two-member etcd), which we want to run.
     """
     event = on_event or (lambda _what, _name: None)
     deadline = clock() + timeout
     wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep, clock=clock)
     event("healthy-before", node.name)
     tag_before = _first(client.version(timeout=CALL_TIMEOUT)).version.tag
+    if talos_version is not None and tag_before == talos_version:
+        event("already-upgraded", node.name)
+        return
     try:
-        call_with_retry(lambda remaining: client.upgrade(image, preserve=True, timeout=min(CALL_TIMEOUT, remaining)),
+        call_with_retry(lambda remaining: client.upgrade(image, timeout=min(CALL_TIMEOUT, remaining)),
                         timeout=max(deadline - clock(), 0.001), what=f"upgrade {node.name}", backoff=backoff,
                         retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
     except (GaveUp, errors.TalosApiError) as exc:
