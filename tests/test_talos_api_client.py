@@ -308,3 +308,23 @@ def test_retry_gives_up_at_the_deadline_and_passes_non_retryable_errors():
 
     with pytest.raises(errors.TalosTlsError):
         call_with_retry(refused, timeout=10, what="x", clock=clock.time, sleep=clock.sleep)
+
+
+def test_a_proxied_node_failure_keeps_its_grpc_code():
+    """apid reports a proxied node's failure in metadata (error text and google.rpc.Status)."""
+    from google.rpc import status_pb2
+
+    from talos_proxmox.talos_api.errors import node_errors
+    from talos_proxmox.talos_api.generated.common import common_pb2
+    from talos_proxmox.talos_api.generated.machine import machine_pb2
+
+    ok = machine_pb2.Version(metadata=common_pb2.Metadata(hostname="10.0.0.2"))
+    failed = machine_pb2.Version(metadata=common_pb2.Metadata(
+        hostname="10.0.0.3", error="upgrade already in progress",
+        status=status_pb2.Status(code=grpc.StatusCode.FAILED_PRECONDITION.value[0], message="in progress")))
+    error = node_errors("10.0.0.1:50000", "Upgrade", [ok, failed])
+    assert error.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "10.0.0.3: upgrade already in progress" in str(error) and "10.0.0.2" not in str(error)
+    assert node_errors("10.0.0.1:50000", "Upgrade", [ok]) is None
+    no_status = machine_pb2.Version(metadata=common_pb2.Metadata(hostname="10.0.0.3", error="boom"))
+    assert node_errors("10.0.0.1:50000", "Upgrade", [no_status]).code is None

@@ -141,13 +141,17 @@ def from_rpc_error(
     return TalosApiError(endpoint, rpc, f"{name}: {details}", code)
 
 
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def node_errors(endpoint: str, rpc: str, messages) -> TalosApiError | None:
-    """An error for reply messages whose common.Metadata says the proxied node failed."""
-    failed = [
-        f"{m.metadata.hostname or '?'}: {_details(m.metadata.error)}"
-        for m in messages
-        if m.HasField("metadata") and m.metadata.error
-    ]
+    """An error for reply messages whose common.Metadata says the proxied node failed.
+
+    apid puts the node's gRPC status in metadata.status; its code is kept (of the first failed node)
+    so that retry decisions see, say, FAILED_PRECONDITION rather than an unknown failure."""
+    failed = [m.metadata for m in messages if m.HasField("metadata") and m.metadata.error]
     if not failed:
         return None
-    return TalosApiError(endpoint, rpc, "node(s) failed: " + "; ".join(failed))
+    codes = [_STATUS_CODES.get(meta.status.code) for meta in failed if meta.HasField("status")]
+    explanation = "node(s) failed: " + "; ".join(f"{meta.hostname or '?'}: {_details(meta.error)}" for meta in failed)
+    return TalosApiError(endpoint, rpc, explanation, code=codes[0] if codes else None)
