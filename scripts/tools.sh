@@ -23,16 +23,20 @@ module_replaces() {
   awk '
     /^replace \(/ {block=1; next}
     block && /^\)/ {block=0; next}
-    block {print "replace " $0; next}
+    block && /=>/ {print "replace " $0; next}
+    block {next}
     /^replace / {print}
   ' "$gomod" | grep -v -E '=> *\.\.?/' || true
 }
 
-# go_tool NAME MODULE VERSION PACKAGE [LDFLAGS]
-# Builds PACKAGE (inside MODULE@VERSION) in a throw-away module that copies MODULE's replace lines.
+# go_tool NAME MODULE VERSION PACKAGE [LDFLAGS [NESTED_MODULE...]]
+# Builds PACKAGE (inside MODULE@VERSION) in a throw-away module that copies MODULE's replace lines;
+# nested modules that MODULE replaces by a relative path are required at VERSION instead.
 # Every step checks its own result: this runs under `attempt`, where `set -e` does not apply.
 go_tool() {
   local name=$1 module=$2 version=$3 package=$4 ldflags=${5:-}
+  local nested=("${@:6}") gets=("$2@$3") each
+  for each in "${nested[@]}"; do gets+=("$each@$version"); done
   local out=$cache/$name-$version work=$cache/$name-$version.src gomod
   if [ -x "$out/$name" ]; then
     log "$name $version: cached"
@@ -50,7 +54,7 @@ go_tool() {
     cd "$work" &&
       go mod init "local/build-$name" >/dev/null 2>&1 &&
       module_replaces "$gomod" >> go.mod &&
-      go get "$module@$version" &&
+      go get "${gets[@]}" &&
       go build -trimpath -ldflags "-s -w $ldflags" -o "$out/$name" "$package"
   ) || return 1
   rm -rf "$work"
@@ -60,9 +64,14 @@ go_tool() {
 
 # A tool the module proxy does not serve is reported with the proxy's own words and skipped; the
 # engine tier then says which tool is missing.
+# `scripts/tools.sh NAME...` builds only those tools (CI builds what its tests use); no argument: all.
+wanted=("$@")
 missing=()
 attempt() {
   local name=$1; shift
+  if [ ${#wanted[@]} -gt 0 ] && [[ " ${wanted[*]} " != *" $name "* ]]; then
+    return 0
+  fi
   if ! "$@"; then
     log "$name: NOT BUILT (see the error above)"
     missing+=("$name")
@@ -77,16 +86,25 @@ attempt pulumi go_tool pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION" 
 attempt pulumi-language-python go_tool pulumi-language-python github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3 \
   "$PULUMI_LANGUAGE_PYTHON_COMMIT" github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3 \
   "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
-sdk_dir=$(go mod download -json "github.com/pulumi/pulumi/sdk/v3@$PULUMI_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-install -m 0755 "$sdk_dir/python/cmd/pulumi-language-python-exec" "$bin/pulumi-language-python-exec"
-# Our own launcher for dynamic providers: the dynamic-provider host with the project's venv.
-install -m 0755 scripts/pulumi-resource-pulumi-python "$bin/pulumi-resource-pulumi-python"
+python_host_files() {
+  local sdk_dir
+  sdk_dir=$(go mod download -json "github.com/pulumi/pulumi/sdk/v3@$PULUMI_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -n "$sdk_dir" ] || return 1
+  install -m 0755 "$sdk_dir/python/cmd/pulumi-language-python-exec" "$bin/pulumi-language-python-exec" &&
+    # Our own launcher for dynamic providers: the dynamic-provider host with the project's venv.
+    install -m 0755 scripts/pulumi-resource-pulumi-python "$bin/pulumi-resource-pulumi-python"
+}
+attempt pulumi-language-python-exec python_host_files
 
 # Provider plugins at the exact version the pinned Python SDK asks the engine for.
 proxmoxve_version=v$(sed -n 's/^pulumi-proxmoxve==//p' requirements.txt)
 attempt pulumi-resource-proxmoxve go_tool pulumi-resource-proxmoxve github.com/muhlba91/pulumi-proxmoxve/provider \
   "$PROXMOXVE_PROVIDER_COMMIT" github.com/muhlba91/pulumi-proxmoxve/provider/cmd/pulumi-resource-proxmoxve \
   "-X github.com/muhlba91/pulumi-proxmoxve/provider/pkg/version.Version=$proxmoxve_version"
+
+# talosctl at the Talos release whose configs we render (TALOSCTL_VERSION), the oracle for them.
+attempt talosctl go_tool talosctl github.com/siderolabs/talos "$TALOSCTL_VERSION" github.com/siderolabs/talos/cmd/talosctl \
+  "-X github.com/siderolabs/talos/pkg/machinery/version.Tag=$TALOSCTL_VERSION" github.com/siderolabs/talos/pkg/machinery
 
 if [ ${#missing[@]} -gt 0 ]; then
   log "not built: ${missing[*]}"
