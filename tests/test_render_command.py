@@ -129,3 +129,22 @@ def test_help_explains_the_secrets_bundle():
     assert result.returncode == 0
     assert "--secrets FILE" in result.stdout
     assert "secrets.yaml is reused if it exists and generated there once" in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("text, message", [
+    ("config:\n  talos-proxmox:cluster: {name: a\n", "Pulumi.bad.yaml:3:1: not valid YAML: expected ',' or '}', but got '<stream end>'"),
+    ("config:\n\ttalos-proxmox:cluster: {}\n", "Pulumi.bad.yaml:2:1: not valid YAML: found character '\\t' that cannot start any token"),
+    ("- a\n- b\n", "Pulumi.bad.yaml: a list (expected a mapping with a 'config:' key)"),
+    ("config:\n  - talos-proxmox:cluster\n", "Pulumi.bad.yaml: config: a list (expected a mapping of '<namespace>:<key>')"),
+])
+def test_a_malformed_stack_file_is_one_line_naming_file_and_line(tmp_path, capsys, text, message):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.bad.yaml").write_text(text)
+    out = tmp_path / "out"
+    assert render.main(["--stack", "bad", "--out", str(out), "--stacks-dir", str(stacks)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.startswith("error: invalid stack config:\n  - ") and err.rstrip().endswith(message), err
+    assert str(stacks) in err
+    assert not out.exists()  # nothing written

@@ -783,11 +783,26 @@ def stack_file_config(path: str) -> dict[str, Any]:
     """This project's keys from a `stacks/Pulumi.<stack>.yaml`, prefix stripped, as `load_settings` takes them.
 
     Used where no Pulumi engine runs (the offline render command, tests); `pulumi up` reads the same
-    values through `pulumi.Config`.
+    values through `pulumi.Config`. A file that is not YAML, or not shaped as a stack file, is one
+    SettingsError line naming the file (and the line and problem where YAML says them).
     """
     import yaml
 
-    with open(path, encoding="utf-8") as f:
-        document = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = yaml.safe_load(f)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
+        raise SettingsError([f"{where}: not valid YAML: {exc.problem or exc.context}"]) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError([f"{path}: not valid YAML: {exc}"]) from None
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        raise SettingsError([f"{path}: a {type(document).__name__} (expected a mapping with a 'config:' key)"])
+    config = document.get("config") or {}
+    if not isinstance(config, dict):
+        raise SettingsError([f"{path}: config: a {type(config).__name__} (expected a mapping of '<namespace>:<key>')"])
     prefix = f"{PROJECT}:"
-    return {k[len(prefix):]: v for k, v in (document.get("config") or {}).items() if k.startswith(prefix)}
+    return {k[len(prefix):]: v for k, v in config.items() if isinstance(k, str) and k.startswith(prefix)}
