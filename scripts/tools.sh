@@ -62,8 +62,8 @@ go_tool() {
   log "$name $version: built"
 }
 
-# A tool the module proxy does not serve is reported with the proxy's own words and skipped; the
-# engine tier then says which tool is missing.
+# A tool the module proxy does not serve is reported with the proxy's own words; the others are still
+# built, and the script exits non-zero naming what is missing.
 # `scripts/tools.sh NAME...` builds only those tools (CI builds what its tests use); no argument: all.
 wanted=("$@")
 missing=()
