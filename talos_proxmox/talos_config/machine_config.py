@@ -530,6 +530,7 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
             else:
                 child = {k: _normalize(child[k], field.struct, here + (k,), errors) for k in sorted(child, key=str)}
         else:
+            _check_scalar(field.scalar, child, here, errors)
             child = _normalize(child, field.struct, here, errors)
         if field.always or not _omitted_when_empty(field, child):
             ordered[name] = child
@@ -539,6 +540,20 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
 
 
 _OMIT = object()
+_SCALAR_KINDS = {"s": "a string", "b": "true or false", "i": "an integer"}
+
+
+def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> None:
+    """What Go's YAML decoder refuses for a typed field: a list or mapping for any scalar, a non-bool for a
+    bool, a non-integer for an integer (a string field takes any scalar, as Go's decoder does)."""
+    if not scalar or value is None:
+        return
+    wrong = isinstance(value, (list, dict)) or (
+        scalar == "b" and not isinstance(value, bool)) or (
+        scalar == "i" and (isinstance(value, bool) or not isinstance(value, int)))
+    if wrong:
+        got = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value)) or _kind(value)
+        errors.append(f"{_dotted(path)}: expected {_SCALAR_KINDS[scalar]}, got a {got}")
 
 
 def _zero(field, path: tuple, errors: list[str]) -> Any:
@@ -637,13 +652,16 @@ def render_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: s
     """Like `render`, as parsed documents."""
     documents = default_documents(secrets, cluster_name, endpoint, role, talos_version, kubernetes_version)
     for number, patch in enumerate(patches or (), start=1):
-        label = f"patch {number}"
-        kind, body = parse_patch(patch, label)
-        if kind == "json6902":
-            documents = _apply_json6902(documents, body, label)
-        else:
-            documents = _apply_strategic(documents, body, label)
+        documents = apply_patch(documents, patch, f"patch {number}")
     return finalize(documents, role)
+
+
+def apply_patch(documents: list[dict], patch: Any, label: str) -> list[dict]:
+    """`documents` with one patch applied (strategic merge or RFC 6902); errors start with `label`."""
+    kind, body = parse_patch(patch, label)
+    if kind == "json6902":
+        return _apply_json6902(documents, body, label)
+    return _apply_strategic(documents, body, label)
 
 
 def render(secrets: Mapping, cluster_name: str, endpoint: str, role: str, talos_version: str,
