@@ -1,22 +1,22 @@
 """A Talos Linux cluster on Proxmox VE: the stack's settings -> one TalosCluster -> its outputs.
 
-Credentials and settings are checked before anything is registered: a bad stack file stops here
-with every problem listed, and nothing touches Proxmox or a node.
+The whole stack config is checked before anything is registered (talos_proxmox/settings/stack_config.py):
+a bad stack stops here with every problem listed, one line each, and nothing touches Proxmox or a node.
 """
+
+from pathlib import Path
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
 from components.cluster import TalosCluster
-from talos_proxmox.settings.credentials import CredentialsError, ensure_no_plaintext_credentials, stack_config_from_runtime
-from talos_proxmox.settings.stack import TOP_LEVEL_KEYS, SettingsError, load_settings
+from talos_proxmox.settings.credentials import CredentialsError
+from talos_proxmox.settings.stack import SettingsError
+from talos_proxmox.settings.stack_config import StackConfig, load_stack
 
 try:
-    # A Proxmox token or password in plain stack config is a leaked credential: refuse before anything runs.
-    ensure_no_plaintext_credentials(
-        stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
-    config = pulumi.Config()
-    settings = load_settings({key: config.get_object(key) for key in TOP_LEVEL_KEYS})
+    settings = load_stack(StackConfig.from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret),
+                          base_dir=Path(__file__).resolve().parent)
 except (CredentialsError, SettingsError) as err:
     # RunError: Pulumi prints the message alone; a stack trace would only bury which keys to fix.
     raise pulumi.RunError(str(err)) from None

@@ -2,7 +2,7 @@
 
 `run_program(config)` gives back every resource registration the program made (type, name, parent,
 inputs, options) and the stack's exports, so tests and bench/ can assert on the real program.
-Config is set the way the engine passes it: `<project>:<key>` -> JSON text, read by `pulumi.Config`.
+Config is set the way the engine passes it: `<project>:<key>` -> the string, or JSON text for other values.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview:
                              logger=logger, monitor=monitor)  # type: ignore[arg-type]
     runtime_settings.ROOT.set(None)  # run_in_stack makes the root Stack, as the language host does
     pulumi.runtime.set_all_config(
-        {**{f"{PROJECT}:{k}": json.dumps(v) for k, v in config.items() if v is not None}, **(other_config or {})},
+        {**{f"{PROJECT}:{k}": v if isinstance(v, str) else json.dumps(v) for k, v in config.items() if v is not None}, **(other_config or {})},
         list(secret_keys))
     run = ProgramRun(registrations=monitor.registrations, warnings=logger.messages)
     stacks: list[Any] = []

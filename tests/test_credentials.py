@@ -10,8 +10,8 @@ from talos_proxmox.settings.credentials import (
     CredentialsError,
     ensure_no_plaintext_credentials,
     plaintext_credentials,
-    stack_config_from_runtime,
 )
+from talos_proxmox.settings.stack_config import StackConfig
 
 STACKS = sorted((Path(__file__).resolve().parent.parent / "stacks").glob("Pulumi.*.yaml"))
 TOKEN = "root@pam!pulumi=5f0c1d9e-aaaa-bbbb-cccc-0123456789ab"
@@ -88,13 +88,13 @@ def test_runtime_config_secret_keys_pass_plain_ones_raise():
     runtime = {"proxmoxve:apiToken": TOKEN, "proxmoxve:endpoint": "https://pve:8006/",
                "proxmoxve:ssh": '{"username": "root", "password": "ssh-pass"}'}
     secret_keys = {"proxmoxve:apiToken"}
-    shaped = stack_config_from_runtime(runtime, secret_keys.__contains__)
+    shaped = StackConfig.from_runtime(runtime, secret_keys.__contains__).shaped()
     assert TOKEN not in str(shaped)
     with pytest.raises(CredentialsError) as err:
         ensure_no_plaintext_credentials(shaped)
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith("proxmoxve:ssh.password: ")
     assert "ssh-pass" not in str(err.value)
-    ensure_no_plaintext_credentials(stack_config_from_runtime(runtime, {"proxmoxve:apiToken", "proxmoxve:ssh"}.__contains__))
+    ensure_no_plaintext_credentials(StackConfig.from_runtime(runtime, {"proxmoxve:apiToken", "proxmoxve:ssh"}.__contains__).shaped())
 
 
 def test_the_programs_check_reads_the_runtime_config_the_language_host_sets():
@@ -103,7 +103,7 @@ def test_the_programs_check_reads_the_runtime_config_the_language_host_sets():
 
     def program_check():
         ensure_no_plaintext_credentials(
-            stack_config_from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret))
+            StackConfig.from_runtime(runtime_config.CONFIG.get(), runtime_config.is_config_secret).shaped())
 
     try:
         runtime_config.set_all_config({"proxmoxve:apiToken": TOKEN, "proxmoxve:endpoint": "https://pve:8006/"},

@@ -14,6 +14,7 @@ import yaml
 from talos_proxmox.commands import render
 from talos_proxmox.cluster_plan import resource_inputs
 from talos_proxmox.talos_config import machine_config, pki, secrets_bundle
+from talos_proxmox.settings.stack import RENDER_OUTPUT_FILES, load_settings
 from tests.mocked_program import REPO, stack_config
 
 SEED_SCHEMATIC_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
@@ -38,8 +39,7 @@ def rendered(tmp_path_factory):
 def test_writes_every_node_config_talosconfig_schematic_and_helm_values(rendered):
     names = {p.name for p in rendered.iterdir()}
     assert {f"{n}.yaml" for n in NODES} <= names
-    assert {"secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id",
-            "cilium-values.yaml", "talos-ccm-values.yaml"} <= names
+    assert names - {f"{n}.yaml" for n in NODES} == {*RENDER_OUTPUT_FILES, render.STACK_MARKER}
     for path in rendered.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
 
@@ -98,7 +98,7 @@ def test_given_bundle_is_used_and_not_copied(rendered, tmp_path):
 
 def test_each_config_is_what_the_program_renders_from_the_same_inputs(rendered):
     """The command and the MachineConfiguration resources share `machine_config_inputs`."""
-    settings = render.load_settings(stack_config("test-cluster"))
+    settings = load_settings(stack_config("test-cluster"))
     bundle = secrets_bundle.load_secrets_file(str(rendered / "secrets.yaml"))
     installer = resource_inputs.image_facts(settings).installer_image
     for node in settings.nodes:
@@ -148,3 +148,68 @@ def test_a_malformed_stack_file_is_one_line_naming_file_and_line(tmp_path, capsy
     assert err.startswith("error: invalid stack config:\n  - ") and err.rstrip().endswith(message), err
     assert str(stacks) in err
     assert not out.exists()  # nothing written
+
+
+def test_unknown_stack_lists_the_stacks_there_are(tmp_path, capsys):
+    assert render.main(["--stack", "prod", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --stack 'prod': {REPO / 'stacks' / 'Pulumi.prod.yaml'} does not exist (stacks: dev, test-cluster)\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_prints_each_file_as_written_then_what_to_do_next(tmp_path, capsys):
+    out = tmp_path / "dev"
+    assert render.main(["--stack", "dev", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    written = [line.split(":", 1)[0].removeprefix("wrote ") for line in lines if line.startswith("wrote ")]
+    assert written == [str(out / name) for name in (
+        "secrets.yaml", "schematic.yaml", "schematic-id", "dev-cp-1.yaml", "dev-worker-1.yaml", "talosconfig",
+        "cilium-values.yaml")]
+    assert lines[3] == f"wrote {out / 'dev-cp-1.yaml'}: controlplane 10.10.0.51"
+    assert lines[-1] == (
+        f"next: review the files; to deploy with Pulumi run `pulumi preview --diff --stack dev`, or by hand: "
+        f"`talosctl apply-config --insecure -n <ip> --file {out}/<node>.yaml` for each node, then "
+        f"`talosctl --talosconfig {out / 'talosconfig'} bootstrap -n 10.10.0.51`")
+    assert (out / render.STACK_MARKER).read_text() == "dev\n"
+
+
+def test_an_out_dir_of_another_stack_is_refused_untouched(tmp_path, capsys):
+    """Two clusters rendered into one directory would share one secrets bundle: one identity for both."""
+    out = tmp_path / "out"
+    assert render.main(["--stack", "dev", "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert render.main(["--stack", "test-cluster", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --out {out}: holds the files and secrets bundle of stack 'dev' (expected an empty directory or "
+        "one rendered for 'test-cluster', e.g. --out out/test-cluster)")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_bundle_of_unknown_origin_in_out_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "secrets.yaml").write_text("x")
+    assert render.main(["--stack", "dev", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --out {out}: holds a secrets.yaml not rendered for stack 'dev' (to use that bundle, pass "
+        f"--secrets {out / 'secrets.yaml'} with another --out)\n")
+    assert [p.name for p in out.iterdir()] == ["secrets.yaml"]
+
+
+@pytest.mark.parametrize("where", ["file", "inside-file"])
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys, where):
+    target = tmp_path / "f"
+    target.write_text("keep")
+    out = target if where == "file" else target / "sub"
+    assert render.main(["--stack", "dev", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {out}: {'' if where == 'file' else f'{target} '}is a file (expected a directory)\n"
+    assert target.read_text() == "keep"
+
+
+def test_an_out_the_system_refuses_is_one_line(capsys):
+    out = "/proc/talos-proxmox-render-test"
+    assert render.main(["--stack", "dev", "--out", out]) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: ") and err.count("\n") == 1 and "Traceback" not in err

@@ -1,7 +1,5 @@
-"""The stack settings model: both shipped stacks load, and each bad input gives its exact message."""
+"""The stack settings model: both shipped stacks load with their defaults (bad inputs: test_bad_stacks.py)."""
 
-import copy
-import ipaddress
 from pathlib import Path
 
 import pytest
@@ -39,7 +37,10 @@ def test_test_cluster_stack_matches_the_seed_walkthrough():
     assert s.cilium.enabled and s.cilium.version == "1.19.6"
     assert (s.hubble.enabled, s.hubble.relay, s.hubble.ui, s.hubble.ui_service_type) == (True, True, True, "ClusterIP")
     assert s.ccm.enabled and s.ccm.controllers == ("cloud-node", "node-csr-approval") and s.ccm.replicas == 2
-    assert s.warnings == ()
+    # The seed's 1-vCPU control planes load, with Talos's minimum named for each.
+    assert s.warnings == tuple(
+        f"talos-proxmox:nodes[{i}].cpu: 1 vCPU for control plane master-{i + 1} is below Talos's minimum of 2 "
+        "for a control plane" for i in range(3))
 
 
 def test_kubernetes_version_defaults_to_what_talosctl_of_that_line_picks():
@@ -90,126 +91,6 @@ def test_even_number_of_control_planes_warns_but_loads():
     assert s.warnings == (
         "talos-proxmox:nodes: 2 control-plane nodes is an even number; etcd keeps quorum best with an odd "
         "number (1, 3, 5)",)
-
-
-def _set(raw: dict, path: str, value):
-    """Set `a.b[1].c` in a nested config; value None deletes the key."""
-    target = raw
-    parts = path.replace("]", "").replace("[", ".").split(".")
-    for part in parts[:-1]:
-        target = target[int(part)] if part.isdigit() else target.setdefault(part, {})
-    last = parts[-1]
-    if value is None and not last.isdigit():
-        target.pop(last, None)
-    elif last.isdigit():
-        target[int(last)] = value
-    else:
-        target[last] = value
-
-
-BAD_INPUTS = [
-    ("nodes[0].ip", "10.255.200.300",
-     "talos-proxmox:nodes[0].ip: '10.255.200.300' is not an IP address or address/prefix (expected e.g. 10.255.200.201)"),
-    ("nodes[1].ip", "10.255.201.5",
-     "talos-proxmox:nodes[1].ip: '10.255.201.5' is outside network.subnet 10.255.200.0/24"),
-    ("nodes[1].ip", "10.255.200.201",
-     "talos-proxmox:nodes[1].ip: '10.255.200.201' duplicates nodes[0].ip (expected unique values)"),
-    ("nodes[2].name", "master-1",
-     "talos-proxmox:nodes[2].name: 'master-1' duplicates nodes[0].name (expected unique values)"),
-    ("nodes[3].mac", "BC:24:11:80:A1:9B",
-     "talos-proxmox:nodes[3].mac: 'bc:24:11:80:a1:9b' duplicates nodes[0].mac (expected unique values)"),
-    ("nodes[3].mac", "bc:24:11:80:a1",
-     "talos-proxmox:nodes[3].mac: 'bc:24:11:80:a1' is not a MAC address (expected e.g. bc:24:11:80:a1:9b)"),
-    ("nodes[4].role", "master",
-     "talos-proxmox:nodes[4].role: 'master' is not a role (expected controlplane or worker)"),
-    ("nodes[4].cpu", 0,
-     "talos-proxmox:nodes[4].cpu: 0 is not a number of vCPUs (positive integer)"),
-    ("nodes[4].mtu", 65536,
-     "talos-proxmox:nodes[4].mtu: 65536 is not an MTU in 68-65535"),
-    ("nodes[4].mtu", 67,
-     "talos-proxmox:nodes[4].mtu: 67 is not an MTU in 68-65535"),
-    ("nodes[4].dataDisk", {"size": 30, "mount": "/data"},
-     "talos-proxmox:nodes[4].dataDisk.mount: '/data' is not a known key (expected one of: size, device, mountpoint)"),
-    ("nodes[5].patches", [{"machine": {}}, "machine: {}"],
-     "talos-proxmox:nodes[5].patches[1]: 'machine: {}' is neither a mapping (strategic merge patch) nor a list "
-     "of JSON patch operations with 'op' and 'path'"),
-    ("nodes[5].patches", [[{"op": "frobnicate", "path": "/machine"}]],
-     "talos-proxmox:nodes[5].patches[0]: [{'op': 'frobnicate', 'path': '/machine'}] is neither a mapping "
-     "(strategic merge patch) nor a list of JSON patch operations with 'op' and 'path'"),
-    ("cluster.patches", {"machine": {}},
-     "talos-proxmox:cluster.patches: {'machine': {}} is not a list of patches"),
-    ("cluster.rolePatches", {"master": []},
-     "talos-proxmox:cluster.rolePatches.master: [] is not a known key (expected one of: controlplane, worker)"),
-    ("cluster.endpoint", "10.255.200.201:6443",
-     "talos-proxmox:cluster.endpoint: '10.255.200.201:6443' is not an endpoint with scheme, host and port "
-     "(expected e.g. https://10.0.0.10:6443)"),
-    ("cluster.endpoint", "https://10.255.200.201",
-     "talos-proxmox:cluster.endpoint: 'https://10.255.200.201' is not an endpoint with scheme, host and port "
-     "(expected e.g. https://10.0.0.10:6443)"),
-    ("cluster.vip", "10.255.200.203",
-     "talos-proxmox:cluster.vip: '10.255.200.203' equals nodes[2].ip (expected an unused address in the nodes' subnet)"),
-    ("cluster.vip", "10.9.9.9",
-     "talos-proxmox:cluster.vip: '10.9.9.9' is outside every control-plane node's subnet (a Layer 2 VIP must share it)"),
-    ("cluster.kubespan.mtu", 70000,
-     "talos-proxmox:cluster.kubespan.mtu: 70000 is not an MTU in 68-65535"),
-    ("cluster.podSubnets", ["10.244.0.0/33"],
-     "talos-proxmox:cluster.podSubnets: ['10.244.0.0/33'] is not a non-empty list of CIDRs"),
-    ("cluster.serviceSubnets", ["10.96.0.1/12"],
-     "talos-proxmox:cluster.serviceSubnets: ['10.96.0.1/12'] is not a non-empty list of CIDRs"),
-    ("cluster.talosVersion", "latest",
-     "talos-proxmox:cluster.talosVersion: 'latest' is not a supported Talos version (expected v1.12.x or v1.13.x, "
-     "e.g. v1.13.7)"),
-    ("cluster.talosVersion", "v1.11.5",
-     "talos-proxmox:cluster.talosVersion: 'v1.11.5' is not a supported Talos version (expected v1.12.x or v1.13.x, "
-     "e.g. v1.13.7)"),
-    ("cluster.name", "Test_Cluster",
-     "talos-proxmox:cluster.name: 'Test_Cluster' is not a cluster name (expected lowercase letters, digits and '-', "
-     "at most 63)"),
-    ("network.subnet", "10.255.200.0/33",
-     "talos-proxmox:network.subnet: '10.255.200.0/33' is not a network in CIDR form (expected e.g. 10.255.200.0/24)"),
-    ("network.gateway", "10.0.0.1",
-     "talos-proxmox:network.gateway: '10.0.0.1' is outside network.subnet 10.255.200.0/24"),
-    ("nodes[1].ip", "10.20.0.5/16",
-     "talos-proxmox:nodes[1].gateway: '10.255.200.1' is outside the node's subnet 10.20.0.0/16"),
-    ("network.nameservers", ["9.9.9"],
-     "talos-proxmox:network.nameservers: ['9.9.9'] is not a non-empty list of IP addresses"),
-    ("cilium.version", "one.nineteen",
-     "talos-proxmox:cilium.version: 'one.nineteen' is not a chart version (expected e.g. 1.19.6)"),
-    ("hubble.uiServiceType", "Ingress",
-     "talos-proxmox:hubble.uiServiceType: 'Ingress' is not a Service type (expected ClusterIP, NodePort or LoadBalancer)"),
-    ("ccm.controllers", ["cloud-node", "route"],
-     "talos-proxmox:ccm.controllers: ['cloud-node', 'route'] is not a list of CCM controllers (expected some of: "
-     "cloud-node, cloud-node-lifecycle, node-csr-approval, node-ipam-controller)"),
-    ("health.timeoutSeconds", 0,
-     "talos-proxmox:health.timeoutSeconds: 0 is not a timeout in seconds (positive integer)"),
-    ("health.wait", "yes",
-     "talos-proxmox:health.wait: 'yes' is not true or false"),
-    ("ccm.version", "latest",
-     "talos-proxmox:ccm.version: 'latest' is not a chart version (expected e.g. 0.5.4)"),
-    ("lifecycle.timeoutSeconds", 0,
-     "talos-proxmox:lifecycle.timeoutSeconds: 0 is not a timeout in seconds (positive integer)"),
-    ("lifecycle.resetOnDelete", "no",
-     "talos-proxmox:lifecycle.resetOnDelete: 'no' is not true or false"),
-    ("image.arch", "riscv64",
-     "talos-proxmox:image.arch: 'riscv64' is not a supported architecture (expected amd64 or arm64)"),
-    ("image.schematic", {"customisation": {}},
-     "talos-proxmox:image.schematic: {'customisation': {}} is not a valid schematic: schematic: unknown key "
-     "'customisation'; expected one of: owner, overlay, customization (the Image Factory rejects unknown fields)"),
-    ("proxmox.node", None,
-     "talos-proxmox:proxmox.node: None is required (is not a Proxmox node name (expected e.g. pve))"),
-    ("nodes[6].memory", "6G",
-     "talos-proxmox:nodes[6].memory: '6G' is not a memory size in MiB (positive integer)"),
-]
-
-
-@pytest.mark.parametrize("path,value,message", BAD_INPUTS, ids=[f"{p}={v!r}" for p, v, _ in BAD_INPUTS])
-def test_bad_input_is_refused_with_its_exact_message(path, value, message):
-    raw = copy.deepcopy(stack("test-cluster"))
-    _set(raw, path, value)
-    with pytest.raises(SettingsError) as err:
-        load_settings(raw)
-    assert err.value.problems == [message]
-    assert message in str(err.value)
 
 
 def test_no_control_plane_is_an_error():

@@ -109,21 +109,35 @@ def node_storage_patch(node: NodeSettings) -> dict | None:
     return {"machine": machine} if machine else None
 
 
-def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -> list[Any]:
-    """Every patch for `node`, in the order they apply."""
-    patches: list[Any] = [
+DERIVED = "derived"  # the label of every patch the program makes from typed settings
+
+
+def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image: str) -> list[tuple[str, Any]]:
+    """Every patch for `node`, in the order they apply, each with the stack key that holds it
+    (`cluster.patches[0]`, `cluster.rolePatches.worker[1]`, `nodes[3].patches[0]`) or DERIVED."""
+    derived: list[Any] = [
         install_patch(settings.cluster.install_disk, installer_image),
         cluster_network_patch(settings),
         cluster_features_patch(settings),
     ]
     if settings.ccm.enabled:
-        patches.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
-    patches.append(node_network_patch(node, settings.cluster.vip))
-    patches.append(hostname_patch(node))
+        derived.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
+    derived.append(node_network_patch(node, settings.cluster.vip))
+    derived.append(hostname_patch(node))
     storage = node_storage_patch(node)
     if storage is not None:
-        patches.append(storage)
-    patches.extend(settings.cluster.patches)
-    patches.extend(settings.cluster.role_patches.get(node.role, ()))
-    patches.extend(node.patches)
-    return patches
+        derived.append(storage)
+    index = next((i for i, n in enumerate(settings.nodes) if n.name == node.name), None)
+    where = f"nodes[{index}]" if index is not None else f"node {node.name}"
+    return [
+        *((DERIVED, p) for p in derived),
+        *((f"cluster.patches[{i}]", p) for i, p in enumerate(settings.cluster.patches)),
+        *((f"cluster.rolePatches.{node.role}[{i}]", p)
+          for i, p in enumerate(settings.cluster.role_patches.get(node.role, ()))),
+        *((f"{where}.patches[{i}]", p) for i, p in enumerate(node.patches)),
+    ]
+
+
+def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -> list[Any]:
+    """Every patch for `node`, in the order they apply."""
+    return [patch for _, patch in labeled_node_patches(settings, node, installer_image)]

@@ -13,20 +13,32 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import yaml
 
 from talos_proxmox.cluster_plan import addon_values
-
 from talos_proxmox.image_factory import images
-
 from talos_proxmox.talos_config import machine_config, client_config, secrets_bundle
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs, talosconfig_inputs
-from talos_proxmox.settings.stack import Settings, SettingsError, load_settings, stack_file_config
+from talos_proxmox.settings.credentials import CredentialsError
+from talos_proxmox.settings.stack import Settings, SettingsError
+from talos_proxmox.settings.stack_config import StackConfig, load_stack
 
 REPO = Path(__file__).resolve().parents[2]
-SECRETS_FILE_NAME = "secrets.yaml"
+SECRETS_FILE = "secrets.yaml"
+TALOSCONFIG_FILE = "talosconfig"
+SCHEMATIC_FILE = "schematic.yaml"
+SCHEMATIC_ID_FILE = "schematic-id"
+CILIUM_VALUES_FILE = "cilium-values.yaml"
+CCM_VALUES_FILE = "talos-ccm-values.yaml"
+# (settings.stack.RENDER_OUTPUT_FILES lists these, so no node is named like one of them.)
+# Which stack an output directory was rendered for: its secrets.yaml is that cluster's identity.
+STACK_MARKER = ".talos-proxmox-stack"
+
+
+class RenderRefused(Exception):
+    """A one-line reason the command writes nothing."""
 
 
 # ---------------------------------------------------------------- the command
@@ -40,57 +52,88 @@ def _write(path: Path, text: str) -> None:
     os.chmod(path, 0o600)  # also when the file existed with wider permissions
 
 
-def stack_bundle(settings: Settings, out: Path, secrets_file: Optional[str]) -> tuple[dict, str]:
-    """The bundle to render with, and a sentence saying where it came from.
+def check_out_dir(out: Path, stack: str) -> None:
+    """Refuse an --out that is not a directory we may write, or that holds another stack's secrets bundle."""
+    if out.exists() and not out.is_dir():
+        raise RenderRefused(f"--out {out}: is a file (expected a directory)")
+    existing = out if out.exists() else next((p for p in out.parents if p.exists()), Path("/"))
+    if not existing.is_dir():
+        raise RenderRefused(f"--out {out}: {existing} is a file (expected a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RenderRefused(f"--out {out}: {existing} is not writable")
+    marker = out / STACK_MARKER
+    owner = marker.read_text(encoding="utf-8").strip() if marker.is_file() else None
+    if owner is not None and owner != stack:
+        raise RenderRefused(f"--out {out}: holds the files and secrets bundle of stack {owner!r} (expected an "
+                            f"empty directory or one rendered for {stack!r}, e.g. --out out/{stack})")
+    if owner is None and (out / SECRETS_FILE).exists():
+        raise RenderRefused(f"--out {out}: holds a {SECRETS_FILE} not rendered for stack {stack!r} (to use that "
+                            f"bundle, pass --secrets {out / SECRETS_FILE} with another --out)")
 
-    `--secrets FILE` (or the stack's cluster.secretsFile) is read and never written; otherwise
-    out/secrets.yaml is reused when present and generated once when not.
+
+def stack_bundle(settings: Settings, out: Path, secrets_file: Optional[str]) -> tuple[dict, Optional[str], str]:
+    """The bundle to render with, its text when it must be written to out/secrets.yaml, and where it came from.
+
+    `--secrets FILE` (or the stack's cluster.secretsFile, already validated and resolved) is read and never
+    written; otherwise out/secrets.yaml is reused when present and generated once when not.
     """
     source = secrets_file or settings.cluster.secrets_file
     if source:
-        path = Path(source)
-        if not path.is_absolute() and not path.exists():
-            path = REPO / path
-        return secrets_bundle.load_secrets_file(str(path)), f"secrets bundle read from {path}"
-    path = out / SECRETS_FILE_NAME
+        return secrets_bundle.load_secrets_file(source), None, f"secrets bundle read from {source}"
+    path = out / SECRETS_FILE
     if path.exists():
-        return secrets_bundle.load_secrets_file(str(path)), f"secrets bundle reused from {path}"
+        return secrets_bundle.load_secrets_file(str(path)), None, f"secrets bundle reused from {path}"
     bundle = secrets_bundle.generate_secrets(settings.cluster.talos_version)
-    _write(path, secrets_bundle.dump_secrets(bundle))
-    return bundle, f"secrets bundle generated into {path} (keep it: it is the cluster's identity)"
+    return bundle, secrets_bundle.dump_secrets(bundle), "generated (keep it: it is the cluster's identity)"
 
 
 def helm_values(settings: Settings) -> dict[str, dict]:
     """File name -> Helm values for each enabled add-on, from the functions the add-on component uses."""
     values: dict[str, dict] = {}
     if settings.cilium.enabled:
-        values["cilium-values.yaml"] = addon_values.cilium_values(settings)
+        values[CILIUM_VALUES_FILE] = addon_values.cilium_values(settings)
     if settings.ccm.enabled:
-        values["talos-ccm-values.yaml"] = addon_values.ccm_values(settings)
+        values[CCM_VALUES_FILE] = addon_values.ccm_values(settings)
     return values
 
 
-def render_stack(settings: Settings, out: Path, secrets_file: Optional[str] = None) -> list[str]:
-    """Write every file for the stack into `out`; return what was written, one line each."""
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
-    bundle, secrets_note = stack_bundle(settings, out, secrets_file)
-    written = [secrets_note]
+def rendered_files(settings: Settings, bundle: dict) -> list[tuple[str, str, str]]:
+    """(file name, text, what it is) for every file but the bundle, all rendered before one is written."""
     image = image_facts(settings)
-    _write(out / "schematic.yaml", image.schematic_yaml)
-    _write(out / "schematic-id", image.schematic_id + "\n")
-    written.append(f"{out / 'schematic.yaml'}: schematic {image.schematic_id}")
-    written.append(f"  ISO {image.iso_url}")
-    written.append(f"  installer {image.installer_image}")
+    files = [
+        (SCHEMATIC_FILE, image.schematic_yaml, f"schematic {image.schematic_id}, ISO {image.iso_url}"),
+        (SCHEMATIC_ID_FILE, image.schematic_id + "\n", f"installer {image.installer_image}"),
+    ]
     for node in settings.nodes:
         text = machine_config.render(bundle, **machine_config_inputs(settings, node, image.installer_image))
-        _write(out / f"{node.name}.yaml", text)
-        written.append(f"{out / (node.name + '.yaml')}: {node.role} {node.ip}")
-    _write(out / "talosconfig", client_config.talosconfig(bundle, **talosconfig_inputs(settings)))
-    written.append(f"{out / 'talosconfig'}")
+        files.append((f"{node.name}.yaml", text, f"{node.role} {node.ip}"))
+    files.append((TALOSCONFIG_FILE, client_config.talosconfig(bundle, **talosconfig_inputs(settings)),
+                  f"talosctl context {settings.cluster.name}"))
     for name, values in helm_values(settings).items():
-        _write(out / name, yaml.safe_dump(values, sort_keys=False))
-        written.append(f"{out / name}")
-    return written
+        files.append((name, yaml.safe_dump(values, sort_keys=False), "Helm values"))
+    return files
+
+
+def render_stack(settings: Settings, out: Path, stack: str, secrets_file: Optional[str] = None,
+                 echo: Callable[[str], None] = print) -> None:
+    """Write every file for the stack into `out`, echoing each as it is written."""
+    check_out_dir(out, stack)
+    bundle, bundle_text, secrets_note = stack_bundle(settings, out, secrets_file)
+    files = rendered_files(settings, bundle)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _write(out / STACK_MARKER, stack + "\n")
+    if bundle_text is not None:
+        _write(out / SECRETS_FILE, bundle_text)
+        echo(f"wrote {out / SECRETS_FILE}: {secrets_note}")
+    else:
+        echo(secrets_note)
+    for name, text, what in files:
+        _write(out / name, text)
+        echo(f"wrote {out / name}: {what}")
+    first = settings.bootstrap_node
+    echo("next: review the files; to deploy with Pulumi run `pulumi preview --diff --stack "
+         f"{stack}`, or by hand: `talosctl apply-config --insecure -n <ip> --file {out}/<node>.yaml` for each "
+         f"node, then `talosctl --talosconfig {out / TALOSCONFIG_FILE} bootstrap -n {first.ip}`")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -117,19 +160,27 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    stack_path = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
-    if not stack_path.exists():
-        print(f"error: --stack {args.stack!r}: {stack_path} does not exist", file=sys.stderr)
+    stacks_dir = Path(args.stacks_dir)
+    stack_path = stacks_dir / f"Pulumi.{args.stack}.yaml"
+    if not stack_path.is_file():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in stacks_dir.glob("Pulumi.*.yaml"))
+        print(f"error: --stack {args.stack!r}: {stack_path} does not exist (stacks: {', '.join(known) or 'none'})",
+              file=sys.stderr)
         return 2
     try:
-        settings = load_settings(stack_file_config(str(stack_path)))
+        settings = load_stack(StackConfig.from_file(str(stack_path)), base_dir=REPO)
         for warning in settings.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        for line in render_stack(settings, Path(args.out), args.secrets):
-            print(line)
-    except (SettingsError, secrets_bundle.SecretsBundleError, machine_config.MachineConfigError,
+        render_stack(settings, Path(args.out), args.stack, args.secrets)
+    except (SettingsError, CredentialsError, secrets_bundle.SecretsBundleError, machine_config.MachineConfigError,
             images.SchematicError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RenderRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: --out {args.out}: {exc.strerror} ({exc.filename})", file=sys.stderr)
         return 1
     return 0
 

@@ -6,7 +6,7 @@ PROXMOX_VE_PASSWORD, ... from the environment when the config key is unset, and 
 `pulumi config set --secret` is stored encrypted (`key: {secure: ...}` in the stack file).
 
 `plaintext_credentials(stack_config)` takes the `config:` mapping of a stack file (or the program's
-runtime config through `stack_config_from_runtime`) and returns one message per credential stored in
+runtime config through `StackConfig.from_runtime(...).shaped()`) and returns one message per credential stored in
 plain text: the provider's credential keys, and in any namespace, at any depth (objects, lists,
 Talos patches), keys named like a credential (…token, …password, …secret, privateKey, kubeconfig).
 Messages name the key and what to do, never the value. No Pulumi import.
@@ -14,9 +14,8 @@ Messages name the key and what to do, never the value. No Pulumi import.
 
 from __future__ import annotations
 
-import json
 import re
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 SECURE = "secure"
 
@@ -93,23 +92,6 @@ def plaintext_credentials(stack_config: Mapping[str, Any]) -> list[str]:
             if path in PROXMOX_CREDENTIALS or is_credential_name(_last_name(path)):
                 problems.append(f"{path}: a credential in plain text; expected a secret ({_advice(path)})")
     return problems
-
-
-def stack_config_from_runtime(config: Mapping[str, Any], is_secret: Callable[[str], bool]) -> dict[str, Any]:
-    """The program's config (as the Pulumi runtime holds it: strings, objects as JSON, secrets decrypted)
-    in stack-file shape, secret keys as {secure: ...}, so `plaintext_credentials` applies to it."""
-    shaped: dict[str, Any] = {}
-    for key, value in config.items():
-        if is_secret(key):
-            shaped[key] = {SECURE: "<encrypted>"}
-            continue
-        if isinstance(value, str) and value[:1] in "{[":
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass
-        shaped[key] = value
-    return shaped
 
 
 def ensure_no_plaintext_credentials(stack_config: Mapping[str, Any]) -> None:

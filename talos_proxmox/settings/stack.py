@@ -9,9 +9,10 @@ resource is registered, so a bad stack file never touches Proxmox or a node. No 
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Collection, Mapping, Optional
 from urllib.parse import urlsplit
 
 PROJECT = "talos-proxmox"
@@ -22,6 +23,33 @@ _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _VERSION = re.compile(r"^v?\d+\.\d+\.\d+([-+][0-9A-Za-z.-]+)?$")
 _MTU_RANGE = (68, 65535)
+# Proxmox's own formats (pve-common JSONSchema 'pve-tag', pve-storage 'pve-storage-id').
+_PROXMOX_TAG = re.compile(r"^[a-z0-9_][a-z0-9_\-+.]*$", re.IGNORECASE)
+_STORAGE_ID = re.compile(r"^[a-z][a-z0-9\-_.]*[a-z0-9]$", re.IGNORECASE)
+_PROXMOX_NODE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", re.IGNORECASE)  # pve-common 'pve-node'
+_BRIDGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # a Linux interface name: at most 15 bytes
+_CPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_STORAGE_EXPECTED = "is not a Proxmox datastore id (expected e.g. local-lvm: a letter, then letters, digits, '-', '_', '.')"
+_KERNEL_MODULE = re.compile(r"^[A-Za-z0-9_-]+$")
+_EXTENSION = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*$")  # siderolabs/qemu-guest-agent
+# Bounds no Proxmox host gives beyond: QEMU's vCPU limit, PVE's 4 TiB memory maximum, and 64 TiB disks.
+CPU_RANGE = (1, 512)
+MEMORY_MIB_RANGE = (1024, 4 * 1024 * 1024)  # Talos's minimum for any node is 1 GiB
+DISK_GB_RANGE = (10, 64 * 1024)  # Talos's minimum system disk is 10 GB
+TIMEOUT_RANGE = (1, 86400)  # a day: anything longer is a typo, and a hung step must end
+_TIMEOUT_EXPECTED = "is not a timeout in seconds (expected an integer in {}-{}, at most a day)".format(*TIMEOUT_RANGE)
+# Talos's system requirements for a control plane; below them etcd and the API server starve.
+CONTROL_PLANE_MINIMUM = (2, 2048)
+# Where a data disk must not be mounted: Talos's own state, and the kubelet's, containerd's and etcd's
+# directories or anything in them; /var, /var/lib and /var/mnt themselves hold other things too.
+SYSTEM_DIRECTORIES = ("/var/lib/etcd", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/cni", "/var/log",
+                      "/var/run", "/var/system", "/var/etc")
+SYSTEM_MOUNTPOINTS = ("/var", "/var/lib", "/var/mnt", *SYSTEM_DIRECTORIES)
+# pkg/machinery/compatibility/talos1NN: the Kubernetes versions each Talos line supports.
+KUBERNETES_RANGES = {"v1.12": ((1, 30), (1, 35)), "v1.13": ((1, 31), (1, 36))}
+# The render command writes these beside <node>.yaml; a node of the same name would overwrite one.
+RENDER_OUTPUT_FILES = ("secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id", "cilium-values.yaml",
+                       "talos-ccm-values.yaml")
 
 DEFAULT_TALOS_VERSION = "v1.13.7"
 DEFAULT_CILIUM_VERSION = "1.19.6"
@@ -217,21 +245,46 @@ class Settings:
 # ---------------------------------------------------------------- reading helpers
 
 
-class _Reader:
-    """Walks raw config, collecting one problem per bad key instead of stopping at the first."""
+SECRET_VALUE = "[secret]"
 
-    def __init__(self) -> None:
+
+def top_level_key(path: str) -> str:
+    """`nodes` of `nodes[3].ip`, `cluster` of `cluster.patches[0]`."""
+    return re.split(r"[.\[]", path, maxsplit=1)[0]
+
+
+class _Reader:
+    """Walks raw config, collecting one problem per bad key instead of stopping at the first.
+
+    `secret_keys` are the top-level keys set with `pulumi config set --secret`: their values are
+    never quoted, only named.
+    """
+
+    def __init__(self, secret_keys: frozenset[str] = frozenset()) -> None:
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        self.secret_keys = secret_keys
+        self.bad_sections: list[str] = []  # problems inside these follow from the section itself: not repeated
+
+    def shown(self, key: str, value: Any) -> str:
+        return SECRET_VALUE if top_level_key(key) in self.secret_keys else repr(value)
 
     def fail(self, key: str, value: Any, expected: str) -> None:
-        self.problems.append(f"{PROJECT}:{key}: {value!r} {expected}")
+        self.report(key, f"{self.shown(key, value)} {expected}")
+
+    def report(self, key: str, problem: str) -> None:
+        if not any(key.startswith((f"{bad}.", f"{bad}[")) for bad in self.bad_sections):
+            self.problems.append(f"{PROJECT}:{key}: {problem}")
+
+    def warn(self, key: str, value: Any, advice: str) -> None:
+        self.warnings.append(f"{PROJECT}:{key}: {self.shown(key, value)} {advice}")
 
     def section(self, raw: Any, key: str, allowed: tuple[str, ...]) -> dict:
         if raw is None:
             return {}
         if not isinstance(raw, Mapping):
             self.fail(key, raw, "is not a mapping")
+            self.bad_sections.append(key)
             return {}
         for unknown in sorted(set(raw) - set(allowed)):
             self.fail(f"{key}.{unknown}", raw[unknown], f"is not a known key (expected one of: {', '.join(allowed)})")
@@ -242,7 +295,7 @@ class _Reader:
         """`check` converts a raw value or raises ValueError/TypeError; missing keys take `default`."""
         if key not in raw or raw[key] is None:
             if default is ...:
-                self.fail(path, None, f"is required ({expected})")
+                self.report(path, f"is required: {expected.removeprefix('is not ')}")
             return None if default is ... else default
         try:
             return check(raw[key])
@@ -269,8 +322,25 @@ def _positive_int(v: Any) -> int:
     return v
 
 
-def _mtu(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not _MTU_RANGE[0] <= v <= _MTU_RANGE[1]:
+def _int_in(low: int, high: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise ValueError
+        return v
+    return check
+
+
+def _matching(pattern: re.Pattern) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if not isinstance(v, str) or not pattern.match(v):
+            raise ValueError
+        return v
+    return check
+
+
+def _dns_domain(v: Any) -> str:
+    """A DNS name of lowercase labels (RFC 1123), at most 253 characters: cluster.local, k8s.example.org."""
+    if not isinstance(v, str) or len(v) > 253 or not all(_NAME.match(label) for label in v.split(".")):
         raise ValueError
     return v
 
@@ -305,6 +375,14 @@ def _string_list(v: Any) -> tuple[str, ...]:
     return tuple(_string(x) for x in v)
 
 
+def _list_of(check: Callable[[Any], str]) -> Callable[[Any], tuple[str, ...]]:
+    def check_all(v: Any) -> tuple[str, ...]:
+        if not isinstance(v, list):
+            raise TypeError
+        return tuple(check(x) for x in v)
+    return check_all
+
+
 def _version(v: Any) -> str:
     if not isinstance(v, str) or not _VERSION.match(v):
         raise ValueError
@@ -327,19 +405,30 @@ def _mapping(v: Any) -> dict:
     return dict(v)
 
 
-def _endpoint(v: Any) -> str:
+def _url_text(v: Any) -> str:
+    """A URL as one token: no spaces or control characters, which every URL parser handles differently."""
     if not isinstance(v, str):
         raise TypeError
-    parts = urlsplit(v)
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7f for c in v):
+        raise ValueError
+    return v
+
+
+def _endpoint(v: Any) -> str:
+    parts = urlsplit(_url_text(v))
     if parts.scheme != "https" or not parts.hostname or parts.port is None:
         raise ValueError
     return v
 
 
 def _mac(v: Any) -> str:
+    """A unicast MAC: the group bit (least significant of the first octet) clear, and not all zeros."""
     if not isinstance(v, str) or not _MAC.match(v.lower()):
         raise ValueError
-    return v.lower()
+    mac = v.lower()
+    if int(mac[:2], 16) & 1 or mac == "00:00:00:00:00:00":
+        raise ValueError
+    return mac
 
 
 def _one_of(*choices: str) -> Callable[[Any], str]:
@@ -383,9 +472,12 @@ def _read_network(r: _Reader, raw: Any) -> Optional[NetworkSettings]:
     gateway = r.value(s, "gateway", "network.gateway", _ip, "is not an IP address (expected e.g. 10.255.200.1)")
     nameservers = r.value(s, "nameservers", "network.nameservers", _ip_list,
                           "is not a non-empty list of IP addresses", default=("9.9.9.9",))
-    mtu = r.value(s, "mtu", "network.mtu", _mtu, f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}", default=None)
-    if subnet is not None and gateway is not None and ipaddress.ip_address(gateway) not in subnet:
-        r.fail("network.gateway", gateway, f"is outside network.subnet {subnet}")
+    mtu = r.value(s, "mtu", "network.mtu", _int_in(*_MTU_RANGE), f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}", default=None)
+    if subnet is not None and gateway is not None:
+        if ipaddress.ip_address(gateway) not in subnet:
+            r.fail("network.gateway", gateway, f"is outside network.subnet {subnet}")
+        elif _is_network_or_broadcast(gateway, subnet):
+            r.fail("network.gateway", gateway, f"is the network or broadcast address of {subnet}")
     if subnet is None or gateway is None:
         return None
     return NetworkSettings(subnet=subnet, gateway=gateway, nameservers=nameservers, mtu=mtu)
@@ -394,14 +486,19 @@ def _read_network(r: _Reader, raw: Any) -> Optional[NetworkSettings]:
 def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
     s = r.section(raw, "proxmox", ("node", "vmDatastore", "isoDatastore", "bridge", "cpuType", "tags"))
     return ProxmoxSettings(
-        node=r.value(s, "node", "proxmox.node", _string, "is not a Proxmox node name (expected e.g. pve)"),
-        vm_datastore=r.value(s, "vmDatastore", "proxmox.vmDatastore", _string, "is not a datastore id",
-                             default="local-lvm"),
-        iso_datastore=r.value(s, "isoDatastore", "proxmox.isoDatastore", _string, "is not a datastore id",
-                              default="local"),
-        bridge=r.value(s, "bridge", "proxmox.bridge", _string, "is not a bridge name", default="vmbr0"),
-        cpu_type=r.value(s, "cpuType", "proxmox.cpuType", _string, "is not a CPU type", default="host"),
-        tags=r.value(s, "tags", "proxmox.tags", _string_list, "is not a list of strings", default=()),
+        node=r.value(s, "node", "proxmox.node", _matching(_PROXMOX_NODE),
+                     "is not a Proxmox node name (expected e.g. pve)"),
+        vm_datastore=r.value(s, "vmDatastore", "proxmox.vmDatastore", _matching(_STORAGE_ID),
+                             _STORAGE_EXPECTED, default="local-lvm"),
+        iso_datastore=r.value(s, "isoDatastore", "proxmox.isoDatastore", _matching(_STORAGE_ID),
+                              _STORAGE_EXPECTED, default="local"),
+        bridge=r.value(s, "bridge", "proxmox.bridge", _matching(_BRIDGE),
+                       "is not a Linux bridge name (expected e.g. vmbr0, at most 15 characters)", default="vmbr0"),
+        cpu_type=r.value(s, "cpuType", "proxmox.cpuType", _matching(_CPU_TYPE),
+                         "is not a QEMU CPU type (expected e.g. host or x86-64-v2-AES)", default="host"),
+        tags=r.value(s, "tags", "proxmox.tags", _list_of(_matching(_PROXMOX_TAG)),
+                     "is not a list of Proxmox tags (letters, digits, '_', '-', '+', '.'; not starting with "
+                     "'-', '+' or '.')", default=()),
     )
 
 
@@ -413,8 +510,10 @@ def _read_image(r: _Reader, raw: Any) -> ImageSettings:
                             default="https://factory.talos.dev"),
         platform=r.value(s, "platform", "image.platform", _one_of("metal", "nocloud"),
                          "is not a supported platform (expected metal or nocloud)", default="metal"),
-        arch=r.value(s, "arch", "image.arch", _one_of("amd64", "arm64"),
-                     "is not a supported architecture (expected amd64 or arm64)", default="amd64"),
+        # The VMs the program creates are x86-64 (QEMU's default machine): an arm64 image cannot boot there.
+        arch=r.value(s, "arch", "image.arch", _one_of("amd64"),
+                     "is not a supported architecture (expected amd64: the program creates x86-64 Proxmox VMs)",
+                     default="amd64"),
         secure_boot=r.value(s, "secureBoot", "image.secureBoot", _bool, "is not true or false", default=False),
         schematic=_read_schematic(r, s.get("schematic")),
     )
@@ -427,16 +526,22 @@ def _read_schematic(r: _Reader, raw: Any) -> dict:
     if raw is None:
         return {"customization": {}}
     try:
-        canonical_schematic(raw)
+        canonical = canonical_schematic(raw)
     except SchematicError as err:
-        r.fail("image.schematic", raw, f"is not a valid schematic: {err}")
+        # The error names the schematic key; quoting the whole schematic would bury it.
+        r.report("image.schematic", f"is not a schematic the Image Factory takes: {err}")
         return {"customization": {}}
+    extensions = canonical.get("customization", {}).get("systemExtensions", {}).get("officialExtensions", [])
+    for i, name in enumerate(extensions):
+        if not _EXTENSION.match(name):
+            r.fail(f"image.schematic.customization.systemExtensions.officialExtensions[{i}]", name,
+                   "is not an extension name (expected owner/name, e.g. siderolabs/qemu-guest-agent)")
     return dict(raw)
 
 
 def _factory_url(v: Any) -> str:
-    parts = urlsplit(v) if isinstance(v, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    parts = urlsplit(_url_text(v))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError
     return v.rstrip("/")
 
@@ -463,12 +568,14 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
                             "is not a non-empty list of CIDRs", default=("10.244.0.0/16",)),
         service_subnets=r.value(s, "serviceSubnets", "cluster.serviceSubnets", _cidr_list,
                                 "is not a non-empty list of CIDRs", default=("10.96.0.0/12",)),
-        domain=r.value(s, "domain", "cluster.domain", _string, "is not a DNS domain", default="cluster.local"),
+        domain=r.value(s, "domain", "cluster.domain", _dns_domain,
+                       "is not a DNS domain (expected lowercase labels of letters, digits and '-', e.g. cluster.local)",
+                       default="cluster.local"),
         install_disk=r.value(s, "installDisk", "cluster.installDisk", _device, "is not a device path (expected /dev/...)",
                              default="/dev/sda"),
         kubespan=KubeSpan(
             enabled=r.value(ks, "enabled", "cluster.kubespan.enabled", _bool, "is not true or false", default=False),
-            mtu=r.value(ks, "mtu", "cluster.kubespan.mtu", _mtu,
+            mtu=r.value(ks, "mtu", "cluster.kubespan.mtu", _int_in(*_MTU_RANGE),
                         f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}", default=1420),
             advertise_kubernetes_networks=r.value(ks, "advertiseKubernetesNetworks",
                                                   "cluster.kubespan.advertiseKubernetesNetworks", _bool,
@@ -498,7 +605,7 @@ _NODE_KEYS = ("name", "role", "vmId", "proxmoxNode", "cpu", "memory", "disk", "d
 
 
 def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
-               proxmox: ProxmoxSettings) -> Optional[NodeSettings]:
+               proxmox: ProxmoxSettings, install_disk: Optional[str]) -> Optional[NodeSettings]:
     path = f"nodes[{i}]"
     s = r.section(raw, path, _NODE_KEYS)
     if not s:
@@ -508,12 +615,15 @@ def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
     if dd is not None:
         d = r.section(dd, f"{path}.dataDisk", ("size", "device", "mountpoint"))
         data_disk = DataDisk(
-            size_gb=r.value(d, "size", f"{path}.dataDisk.size", _positive_int, "is not a size in GB (positive integer)"),
+            size_gb=r.value(d, "size", f"{path}.dataDisk.size", _int_in(1, DISK_GB_RANGE[1]),
+                            f"is not a size in GB (expected an integer in 1-{DISK_GB_RANGE[1]})"),
             device=r.value(d, "device", f"{path}.dataDisk.device", _device, "is not a device path (expected /dev/...)",
                            default="/dev/sdb"),
             mountpoint=r.value(d, "mountpoint", f"{path}.dataDisk.mountpoint", _abs_path,
-                               "is not an absolute path", default="/var/lib/longhorn"),
+                               "is not a normalised absolute path (expected e.g. /var/lib/longhorn)",
+                               default="/var/lib/longhorn"),
         )
+        _check_data_disk(r, data_disk, f"{path}.dataDisk", install_disk)
     ip, prefix = _node_address(r, s, path, network)
     gateway = r.value(s, "gateway", f"{path}.gateway", _ip, "is not an IP address",
                       default=network.gateway if network else None)
@@ -521,17 +631,28 @@ def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
     own = s.get("gateway") is not None or "/" in str(s.get("ip"))
     if ip and own and gateway and ipaddress.ip_address(gateway) not in ipaddress.ip_interface(f"{ip}/{prefix}").network:
         r.fail(f"{path}.gateway", gateway, f"is outside the node's subnet {ipaddress.ip_interface(f'{ip}/{prefix}').network}")
+    if ip and gateway and ip == gateway:
+        r.fail(f"{path}.ip", s.get("ip"), f"is the gateway {gateway} (expected an address of the node's own)")
+    name = s.get("name")
+    if isinstance(name, str) and {name, f"{name}.yaml"} & set(RENDER_OUTPUT_FILES):
+        r.fail(f"{path}.name", name, "is a name the render command writes a file of its own under (expected a "
+                                     f"name other than: {', '.join(_RESERVED_NODE_NAMES)})")
     return NodeSettings(
         name=r.value(s, "name", f"{path}.name", _dns_label,
                      "is not a node name (expected lowercase letters, digits and '-', at most 63)"),
         role=r.value(s, "role", f"{path}.role", _one_of(*ROLES), "is not a role (expected controlplane or worker)"),
-        vm_id=r.value(s, "vmId", f"{path}.vmId", _vm_id, "is not a Proxmox VM id (expected 100-999999999)",
+        vm_id=r.value(s, "vmId", f"{path}.vmId", _int_in(100, 999_999_999), "is not a Proxmox VM id (expected 100-999999999)",
                       default=None),
-        proxmox_node=r.value(s, "proxmoxNode", f"{path}.proxmoxNode", _string, "is not a Proxmox node name",
-                             default=proxmox.node),
-        cpu=r.value(s, "cpu", f"{path}.cpu", _positive_int, "is not a number of vCPUs (positive integer)"),
-        memory_mib=r.value(s, "memory", f"{path}.memory", _positive_int, "is not a memory size in MiB (positive integer)"),
-        disk_gb=r.value(s, "disk", f"{path}.disk", _positive_int, "is not a boot disk size in GB (positive integer)"),
+        proxmox_node=r.value(s, "proxmoxNode", f"{path}.proxmoxNode", _matching(_PROXMOX_NODE),
+                             "is not a Proxmox node name (expected e.g. pve)", default=proxmox.node),
+        cpu=r.value(s, "cpu", f"{path}.cpu", _int_in(*CPU_RANGE),
+                    "is not a number of vCPUs (expected an integer in {}-{})".format(*CPU_RANGE)),
+        memory_mib=r.value(s, "memory", f"{path}.memory", _int_in(*MEMORY_MIB_RANGE),
+                           "is not a memory size in MiB (expected an integer in {}-{}; Talos needs at least "
+                           "1 GiB)".format(*MEMORY_MIB_RANGE)),
+        disk_gb=r.value(s, "disk", f"{path}.disk", _int_in(*DISK_GB_RANGE),
+                        "is not a boot disk size in GB (expected an integer in {}-{}; Talos needs at least "
+                        "10 GB)".format(*DISK_GB_RANGE)),
         data_disk=data_disk,
         ip=ip,
         prefix=prefix,
@@ -540,10 +661,10 @@ def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
                             "is not a non-empty list of IP addresses",
                             default=network.nameservers if network else ()),
         mac=r.value(s, "mac", f"{path}.mac", _mac, "is not a MAC address (expected e.g. bc:24:11:80:a1:9b)"),
-        mtu=r.value(s, "mtu", f"{path}.mtu", _mtu, f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}",
+        mtu=r.value(s, "mtu", f"{path}.mtu", _int_in(*_MTU_RANGE), f"is not an MTU in {_MTU_RANGE[0]}-{_MTU_RANGE[1]}",
                     default=network.mtu if network else None),
-        kernel_modules=r.value(s, "kernelModules", f"{path}.kernelModules", _string_list,
-                               "is not a list of kernel module names", default=()),
+        kernel_modules=r.value(s, "kernelModules", f"{path}.kernelModules", _list_of(_matching(_KERNEL_MODULE)),
+                               "is not a list of kernel module names (letters, digits, '_' and '-')", default=()),
         patches=_patches(r, s.get("patches"), f"{path}.patches"),
     )
 
@@ -553,7 +674,7 @@ def _node_address(r: _Reader, s: Mapping, path: str,
     """A node's `ip` is a bare address inside network.subnet, or address/prefix for a subnet of its own."""
     raw = s.get("ip")
     if raw is None:
-        r.fail(f"{path}.ip", None, "is required (an IP address, e.g. 10.255.200.201)")
+        r.report(f"{path}.ip", "is required: an IP address or address/prefix (expected e.g. 10.255.200.201)")
         return None, None
     try:
         if not isinstance(raw, str):
@@ -563,7 +684,7 @@ def _node_address(r: _Reader, s: Mapping, path: str,
         r.fail(f"{path}.ip", raw, "is not an IP address or address/prefix (expected e.g. 10.255.200.201)")
         return None, None
     if "/" in raw:
-        if iface.ip in (iface.network.network_address, iface.network.broadcast_address) and iface.network.prefixlen < 31:
+        if _is_network_or_broadcast(str(iface.ip), iface.network):
             r.fail(f"{path}.ip", raw, f"is the network or broadcast address of {iface.network}")
         return str(iface.ip), iface.network.prefixlen
     if network is None:
@@ -571,22 +692,45 @@ def _node_address(r: _Reader, s: Mapping, path: str,
     if iface.ip not in network.subnet:
         r.fail(f"{path}.ip", raw, f"is outside network.subnet {network.subnet}")
         return None, None
-    if iface.ip in (network.subnet.network_address, network.subnet.broadcast_address):
+    if _is_network_or_broadcast(str(iface.ip), network.subnet):
         r.fail(f"{path}.ip", raw, f"is the network or broadcast address of {network.subnet}")
         return None, None
     return str(iface.ip), network.subnet.prefixlen
 
 
-def _vm_id(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 999_999_999:
-        raise ValueError
-    return v
+def _is_network_or_broadcast(ip: str, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    """No host may use these (a /31 or /32, and IPv6, have no broadcast address: RFC 3021)."""
+    if network.version == 6:
+        return ipaddress.ip_address(ip) == network.network_address and network.prefixlen < 127
+    return network.prefixlen < 31 and ipaddress.ip_address(ip) in (network.network_address, network.broadcast_address)
 
 
 def _abs_path(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("/"):
+    if not isinstance(v, str) or not v.startswith("/") or v != posixpath.normpath(v) or v.startswith("//"):
         raise ValueError
     return v
+
+
+_RESERVED_NODE_NAMES = tuple(sorted({f.removesuffix(".yaml") for f in RENDER_OUTPUT_FILES}))
+
+
+def _check_data_disk(r: _Reader, disk: DataDisk, path: str, install_disk: Optional[str]) -> None:
+    """The data disk is a second disk, mounted where Talos lets it: under /var, clear of system directories."""
+    if disk.device is not None and disk.device == install_disk:
+        r.fail(f"{path}.device", disk.device, "is the install disk (cluster.installDisk); expected the second "
+                                              "disk, e.g. /dev/sdb")
+    mount = disk.mountpoint
+    if mount is None:
+        return
+    if mount != "/var" and not mount.startswith("/var/"):
+        r.fail(f"{path}.mountpoint", mount, "is outside /var, and Talos's root file system is read-only "
+                                            "(expected e.g. /var/lib/longhorn)")
+        return
+    clash = next((p for p in SYSTEM_MOUNTPOINTS if mount == p), None) or \
+        next((p for p in SYSTEM_DIRECTORIES if mount.startswith(p + "/")), None)
+    if clash is not None:
+        r.fail(f"{path}.mountpoint", mount, f"mounts over Talos's system directory {clash} (expected a directory "
+                                            "of its own, e.g. /var/lib/longhorn)")
 
 
 def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
@@ -627,9 +771,9 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
                                         _one_of("CloudAllocator", "RangeAllocator"),
                                         "is not an allocator (expected CloudAllocator or RangeAllocator)",
                                         default="CloudAllocator"),
-            mask_size_ipv4=r.value(ni, "maskSizeIpv4", "ccm.nodeIpam.maskSizeIpv4", _mask(32),
+            mask_size_ipv4=r.value(ni, "maskSizeIpv4", "ccm.nodeIpam.maskSizeIpv4", _int_in(1, 32),
                                    "is not a prefix length in 1-32", default=24),
-            mask_size_ipv6=r.value(ni, "maskSizeIpv6", "ccm.nodeIpam.maskSizeIpv6", _mask(128),
+            mask_size_ipv6=r.value(ni, "maskSizeIpv6", "ccm.nodeIpam.maskSizeIpv6", _int_in(1, 128),
                                    "is not a prefix length in 1-128", default=80),
         )
         if controllers is not None and "node-ipam-controller" not in controllers:
@@ -651,8 +795,8 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
 def _read_lifecycle(r: _Reader, raw: Any) -> LifecycleSettings:
     s = r.section(raw, "lifecycle", ("timeoutSeconds", "resetOnDelete"))
     return LifecycleSettings(
-        timeout_seconds=r.value(s, "timeoutSeconds", "lifecycle.timeoutSeconds", _positive_int,
-                                "is not a timeout in seconds (positive integer)",
+        timeout_seconds=r.value(s, "timeoutSeconds", "lifecycle.timeoutSeconds", _int_in(*TIMEOUT_RANGE),
+                                _TIMEOUT_EXPECTED,
                                 default=DEFAULT_LIFECYCLE_TIMEOUT_SECONDS),
         reset_on_delete=r.value(s, "resetOnDelete", "lifecycle.resetOnDelete", _bool, "is not true or false",
                                 default=True),
@@ -663,8 +807,8 @@ def _read_health(r: _Reader, raw: Any) -> HealthSettings:
     s = r.section(raw, "health", ("wait", "timeoutSeconds"))
     return HealthSettings(
         wait=r.value(s, "wait", "health.wait", _bool, "is not true or false", default=True),
-        timeout_seconds=r.value(s, "timeoutSeconds", "health.timeoutSeconds", _positive_int,
-                                "is not a timeout in seconds (positive integer)",
+        timeout_seconds=r.value(s, "timeoutSeconds", "health.timeoutSeconds", _int_in(*TIMEOUT_RANGE),
+                                _TIMEOUT_EXPECTED,
                                 default=DEFAULT_HEALTH_TIMEOUT_SECONDS),
     )
 
@@ -676,16 +820,8 @@ def _controllers(v: Any) -> tuple[str, ...]:
     return names
 
 
-def _mask(bits: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= bits:
-            raise ValueError
-        return v
-    return check
-
-
 def _oci_ref(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("oci://") or len(v) <= 6:
+    if not _url_text(v).startswith("oci://") or len(v) <= 6:
         raise ValueError
     return v
 
@@ -693,7 +829,7 @@ def _oci_ref(v: Any) -> str:
 # ---------------------------------------------------------------- whole-stack checks
 
 
-def _check_nodes(r: _Reader, nodes: list[NodeSettings]) -> None:
+def _check_nodes(r: _Reader, nodes: list[NodeSettings], all_read: bool) -> None:
     for attr, key in (("name", "name"), ("ip", "ip"), ("mac", "mac"), ("vm_id", "vmId")):
         seen: dict[Any, int] = {}
         for i, node in enumerate(nodes):
@@ -705,23 +841,39 @@ def _check_nodes(r: _Reader, nodes: list[NodeSettings]) -> None:
             else:
                 seen[value] = i
     control_planes = [n for n in nodes if n.role == "controlplane"]
-    if nodes and not control_planes and all(n.role for n in nodes):
+    if nodes and all_read and not control_planes and all(n.role for n in nodes):
         r.fail("nodes", f"{len(nodes)} nodes, 0 with role controlplane", "has no control-plane node (expected at least 1)")
     elif len(control_planes) % 2 == 0 and control_planes:
         r.warnings.append(
             f"{PROJECT}:nodes: {len(control_planes)} control-plane nodes is an even number; etcd keeps quorum "
             f"best with an odd number (1, 3, 5)")
+    cpus, memory = CONTROL_PLANE_MINIMUM
+    for i, node in enumerate(nodes):
+        if node.role == "controlplane" and node.cpu is not None and node.cpu < cpus:
+            r.warn(f"nodes[{i}].cpu", node.cpu, f"vCPU for control plane {node.name} is below Talos's minimum "
+                                                f"of {cpus} for a control plane")
+        if node.role == "controlplane" and node.memory_mib is not None and node.memory_mib < memory:
+            r.warn(f"nodes[{i}].memory", node.memory_mib, f"MiB for control plane {node.name} is below Talos's "
+                                                          f"minimum of {memory} MiB for a control plane")
 
 
-def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings]) -> None:
+def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings],
+                      network: Optional[NetworkSettings]) -> None:
     vip = cluster["vip"]
     if vip is not None:
         for i, node in enumerate(nodes):
             if node.ip == vip:
                 r.fail("cluster.vip", vip, f"equals nodes[{i}].ip (expected an unused address in the nodes' subnet)")
-        cps = [n for n in nodes if n.role == "controlplane" and n.ip]
-        if cps and not any(ipaddress.ip_address(vip) in ipaddress.ip_interface(n.address).network for n in cps):
+        # Without a valid network.subnet (already reported), bare node addresses have no subnet to check.
+        cps = [n for n in nodes if n.role == "controlplane" and n.ip and n.gateway] if network else []
+        networks = [ipaddress.ip_interface(n.address).network for n in cps]
+        if cps and not any(ipaddress.ip_address(vip) in net for net in networks):
             r.fail("cluster.vip", vip, "is outside every control-plane node's subnet (a Layer 2 VIP must share it)")
+        elif any(_is_network_or_broadcast(vip, net) for net in networks):
+            r.fail("cluster.vip", vip, f"is the network or broadcast address of {networks[0]} (expected an unused "
+                                       "address in the nodes' subnet)")
+        elif any(n.gateway == vip for n in cps):
+            r.fail("cluster.vip", vip, "is the gateway (expected an unused address in the nodes' subnet)")
     if cluster["endpoint"] is None:
         host = vip or next((n.ip for n in nodes if n.role == "controlplane" and n.ip), None)
         if host is not None:
@@ -729,21 +881,85 @@ def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings]) -> N
             cluster["endpoint"] = f"https://{host}:6443"
 
 
-def _default_kubernetes_version(cluster: dict) -> None:
+def _kubernetes_version(r: _Reader, cluster: dict) -> None:
+    """Default to what `talosctl gen config` of the Talos line picks; refuse what that line does not support."""
     talos = cluster["talos_version"]
-    if cluster["kubernetes_version"] is not None or talos is None:
+    if talos is None:
         return
-    cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[".".join(talos.split(".")[:2])]
+    line = ".".join(talos.split(".")[:2])
+    if cluster["kubernetes_version"] is None:
+        cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[line]
+        return
+    low, high = KUBERNETES_RANGES[line]
+    version = tuple(int(x) for x in cluster["kubernetes_version"].lstrip("v").split(".")[:2])
+    if not low <= version <= high:
+        r.fail("cluster.kubernetesVersion", cluster["kubernetes_version"],
+               f"is not supported by Talos {line} (expected {low[0]}.{low[1]} to {high[0]}.{high[1]})")
 
 
-def load_settings(raw: Mapping[str, Any]) -> Settings:
-    """Validate a stack's raw config (top-level keys without the project prefix) into `Settings`."""
-    r = _Reader()
+def _check_subnets(r: _Reader, cluster: dict, network: Optional[NetworkSettings], nodes: list[NodeSettings]) -> None:
+    """Pod, service and node networks must not share addresses: routing could not tell them apart."""
+    named: list[tuple[str, Any]] = []
+    for key, attr in (("cluster.podSubnets", "pod_subnets"), ("cluster.serviceSubnets", "service_subnets")):
+        named += [(key, ipaddress.ip_network(c)) for c in cluster[attr] or ()]
+    if network is not None:
+        named.append(("network.subnet", network.subnet))
+    for i, node in enumerate(nodes):
+        if node.ip and node.prefix is not None:
+            net = ipaddress.ip_interface(node.address).network
+            if network is None or net != network.subnet:
+                named.append((f"nodes[{i}].ip", net))
+    reported: set[tuple[str, str]] = set()
+    for a, (key_a, net_a) in enumerate(named):
+        for key_b, net_b in named[a + 1:]:
+            if net_a.version != net_b.version or not net_a.overlaps(net_b):
+                continue
+            if key_a.startswith("nodes[") and key_b.startswith("nodes["):
+                continue  # nodes may share a subnet of their own
+            if (key_a, key_b) in reported:
+                continue
+            reported.add((key_a, key_b))
+            r.fail(key_a, str(net_a), f"overlaps {key_b} {net_b} (expected pod, service and node networks apart)")
+
+
+def _check_addons(r: _Reader, raw: Mapping[str, Any], cluster: dict, nodes: list[NodeSettings],
+                  cilium: CiliumSettings, hubble: HubbleSettings, ccm: CcmSettings) -> None:
+    hubble_raw = raw.get("hubble") if isinstance(raw.get("hubble"), Mapping) else {}
+    if hubble.enabled and hubble.ui and not hubble.relay:
+        r.report("hubble.ui", "true needs hubble.relay: true (the UI reads flows through the relay)")
+    if not cilium.enabled and hubble.enabled and "enabled" in hubble_raw:
+        r.warn("hubble.enabled", True, "has no effect with cilium.enabled: false (Hubble is part of Cilium)")
+    if ccm.enabled and ccm.node_ipam is not None and cluster["pod_subnets"]:
+        for subnet in cluster["pod_subnets"]:
+            net = ipaddress.ip_network(subnet)
+            key, mask = (("maskSizeIpv4", ccm.node_ipam.mask_size_ipv4) if net.version == 4
+                         else ("maskSizeIpv6", ccm.node_ipam.mask_size_ipv6))
+            if mask is None:
+                continue
+            # kube-controller-manager's rule: a node range lies inside the pod subnet, at most 16 bits smaller.
+            if mask < net.prefixlen or mask - net.prefixlen > 16:
+                r.fail(f"ccm.nodeIpam.{key}", mask, f"does not fit pod subnet {net} (expected {net.prefixlen}-"
+                                                    f"{min(net.prefixlen + 16, net.max_prefixlen)})")
+            elif 2 ** (mask - net.prefixlen) < len(nodes):
+                r.fail(f"ccm.nodeIpam.{key}", mask, f"leaves room for {2 ** (mask - net.prefixlen)} node "
+                                                    f"range(s) in {net}, fewer than the {len(nodes)} nodes")
+    control_planes = sum(1 for n in nodes if n.role == "controlplane")
+    if ccm.enabled and ccm.replicas and control_planes and ccm.replicas > control_planes:
+        r.warn("ccm.replicas", ccm.replicas, f"is more than the {control_planes} control planes the CCM runs on; "
+                                             "the extra replicas stay Pending")
+
+
+def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> Settings:
+    """Validate a stack's raw config (top-level keys without the project prefix) into `Settings`.
+
+    `secret_keys`: the top-level keys whose values are secret; problems under them name the key only.
+    """
+    r = _Reader(frozenset(secret_keys))
     for unknown in sorted(set(raw) - set(TOP_LEVEL_KEYS)):
         if raw[unknown] is not None:
-            r.fail(unknown, "...", f"is not a known key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
+            r.report(unknown, f"is not a known key (expected one of: {', '.join(TOP_LEVEL_KEYS)})")
     cluster = _read_cluster(r, raw.get("cluster"))
-    _default_kubernetes_version(cluster)
+    _kubernetes_version(r, cluster)
     network = _read_network(r, raw.get("network"))
     proxmox = _read_proxmox(r, raw.get("proxmox"))
     image = _read_image(r, raw.get("image"))
@@ -752,9 +968,11 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
     if not isinstance(raw_nodes, list) or not raw_nodes:
         r.fail("nodes", raw_nodes, "is not a non-empty list of nodes")
     else:
-        nodes = [n for i, item in enumerate(raw_nodes) if (n := _read_node(r, item, i, network, proxmox)) is not None]
-    _check_nodes(r, nodes)
-    _endpoint_and_vip(r, cluster, nodes)
+        nodes = [n for i, item in enumerate(raw_nodes)
+                 if (n := _read_node(r, item, i, network, proxmox, cluster["install_disk"])) is not None]
+    _check_nodes(r, nodes, all_read=isinstance(raw_nodes, list) and len(nodes) == len(raw_nodes))
+    _endpoint_and_vip(r, cluster, nodes, network)
+    _check_subnets(r, cluster, network, nodes)
     if cluster["kubespan"].enabled and cluster["kubespan"].mtu is not None and cluster["kubespan"].mtu < 1280:
         r.fail("cluster.kubespan.mtu", cluster["kubespan"].mtu, "is below 1280, the least WireGuard over IPv6 carries")
     cilium = _read_cilium(r, raw.get("cilium"))
@@ -762,6 +980,7 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
     ccm = _read_ccm(r, raw.get("ccm"))
     health = _read_health(r, raw.get("health"))
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
+    _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
     if r.problems:
         raise SettingsError(r.problems)
     return Settings(
@@ -780,7 +999,13 @@ def load_settings(raw: Mapping[str, Any]) -> Settings:
 
 
 def stack_file_config(path: str) -> dict[str, Any]:
-    """This project's keys from a `stacks/Pulumi.<stack>.yaml`, prefix stripped, as `load_settings` takes them.
+    """This project's keys from a `stacks/Pulumi.<stack>.yaml`, prefix stripped, as `load_settings` takes them."""
+    prefix = f"{PROJECT}:"
+    return {k[len(prefix):]: v for k, v in stack_file_values(path).items() if k.startswith(prefix)}
+
+
+def stack_file_values(path: str) -> dict[str, Any]:
+    """The `config:` mapping of a stack file: every key with its namespace.
 
     Used where no Pulumi engine runs (the offline render command, tests); `pulumi up` reads the same
     values through `pulumi.Config`. A file that is not YAML, or not shaped as a stack file, is one
@@ -804,5 +1029,4 @@ def stack_file_config(path: str) -> dict[str, Any]:
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise SettingsError([f"{path}: config: a {type(config).__name__} (expected a mapping of '<namespace>:<key>')"])
-    prefix = f"{PROJECT}:"
-    return {k[len(prefix):]: v for k, v in config.items() if isinstance(k, str) and k.startswith(prefix)}
+    return {str(k): v for k, v in config.items()}
