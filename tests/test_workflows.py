@@ -1,6 +1,10 @@
 """The GitHub workflows: previews on pull requests, `pulumi up` on main, secrets only from GitHub secrets."""
 
+import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,30 @@ def _load(name):
 def _triggers(workflow):
     # PyYAML reads the bare key `on` as the boolean True (YAML 1.1)
     return workflow.get("on", workflow.get(True))
+
+
+def _pulumi_job(workflow):
+    """The job that runs Pulumi (the other lists the stacks)."""
+    (job,) = [j for name, j in workflow["jobs"].items() if name != "stacks"]
+    return job
+
+
+def _pulumi_version():
+    text = (REPO / "scripts" / "tool-versions.env").read_text()
+    return re.search(r"^PULUMI_VERSION=v?(\S+)$", text, re.MULTILINE).group(1)
+
+
+def _list_stacks(workflow, cwd: Path, tmp_path: Path) -> list[str]:
+    """Run the workflow's own stack-listing step in `cwd`, as the runner would, and read its output."""
+    (step,) = [s for s in workflow["jobs"]["stacks"]["steps"] if s.get("id") == "list"]
+    output = tmp_path / "github_output"
+    output.write_text("")
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=cwd, check=True,
+                   env={**os.environ, "GITHUB_OUTPUT": str(output)})
+    (line,) = output.read_text().splitlines()
+    name, _, value = line.partition("=")
+    assert name == "stacks"
+    return json.loads(value)
 
 
 def _pulumi_step(job):
@@ -47,14 +75,45 @@ def test_stacks_exist():
     assert "test-cluster" in STACKS and len(STACKS) >= 2
 
 
-def test_matrix_covers_exactly_the_stack_files(workflow):
-    (job,) = workflow["jobs"].values()
-    assert sorted(job["strategy"]["matrix"]["stack"]) == STACKS
+def test_matrix_is_the_stack_files_read_when_the_workflow_runs(workflow, tmp_path):
+    job = _pulumi_job(workflow)
+    assert job["needs"] == "stacks"
+    assert job["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.stacks.outputs.stacks) }}"
+    assert workflow["jobs"]["stacks"]["outputs"]["stacks"] == "${{ steps.list.outputs.stacks }}"
     assert _pulumi_step(job)["with"]["stack-name"] == "${{ matrix.stack }}"
+    assert _list_stacks(workflow, REPO, tmp_path) == STACKS
+    # A stack file added in a pull request is in the list with no workflow edit.
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO / "stacks", checkout / "stacks")
+    shutil.copy(REPO / "stacks" / "Pulumi.dev.yaml", checkout / "stacks" / "Pulumi.staging.yaml")
+    assert _list_stacks(workflow, checkout, tmp_path) == sorted([*STACKS, "staging"])
+
+
+def test_a_new_stack_is_created_and_the_cli_version_is_pinned(workflow):
+    step = _pulumi_step(_pulumi_job(workflow))
+    assert step["with"]["upsert"] is True
+    assert step["with"]["pulumi-version"] == _pulumi_version()  # the CLI tools.sh builds for the tests
+
+
+def test_a_self_managed_backend_works_as_pulumi_cloud_does(workflow):
+    step = _pulumi_step(_pulumi_job(workflow))
+    assert step["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
+    assert step["env"]["PULUMI_CONFIG_PASSPHRASE"] == "${{ secrets.PULUMI_CONFIG_PASSPHRASE }}"
+
+
+def test_preview_and_up_of_one_stack_never_run_at_once():
+    groups = {name: _pulumi_job(_load(name))["concurrency"] for name in ("preview.yml", "up.yml")}
+    assert groups["preview.yml"] == groups["up.yml"] == {"group": "pulumi-${{ matrix.stack }}",
+                                                          "cancel-in-progress": False}
+
+
+def test_each_stack_runs_in_its_environment_preview_in_a_read_only_one():
+    assert _pulumi_job(_load("preview.yml"))["environment"]["name"] == "${{ matrix.stack }}-preview"
+    assert _pulumi_job(_load("up.yml"))["environment"]["name"] == "${{ matrix.stack }}"
 
 
 def test_setup_runs_before_pulumi(workflow):
-    (job,) = workflow["jobs"].values()
+    job = _pulumi_job(workflow)
     runs = [i for i, s in enumerate(job["steps"]) if s.get("run") == "bash scripts/setup.sh"]
     python = [i for i, s in enumerate(job["steps"]) if str(s.get("uses", "")).startswith("actions/setup-python@")]
     pulumi = job["steps"].index(_pulumi_step(job))
@@ -70,7 +129,7 @@ def test_credentials_come_only_from_github_secrets(workflow):
             if "secrets." in text or is_credential_name(name):
                 assert SECRET_REF.match(text), f"{where}.{name} must be exactly a ${{{{ secrets.* }}}} reference"
                 credentials_seen.add(name)
-    (job,) = workflow["jobs"].values()
+    job = _pulumi_job(workflow)
     env = _pulumi_step(job)["env"]
     assert env["PULUMI_ACCESS_TOKEN"] == "${{ secrets.PULUMI_ACCESS_TOKEN }}"
     assert env["PROXMOX_VE_API_TOKEN"] == "${{ secrets.PROXMOX_VE_API_TOKEN }}"
@@ -83,7 +142,7 @@ def test_preview_runs_on_pull_requests_and_comments_the_diff():
     workflow = _load("preview.yml")
     assert set(_triggers(workflow)) == {"pull_request"}
     assert workflow["permissions"]["pull-requests"] == "write"
-    (job,) = workflow["jobs"].values()
+    job = _pulumi_job(workflow)
     step = _pulumi_step(job)
     assert step["with"]["command"] == "preview"
     assert step["with"]["comment-on-pr"] is True
@@ -96,11 +155,10 @@ def test_up_runs_only_on_main_one_stack_at_a_time_behind_environment_protection(
     triggers = _triggers(workflow)
     assert set(triggers) == {"push"}
     assert triggers["push"] == {"branches": ["main"]}
-    (job,) = workflow["jobs"].values()
+    job = _pulumi_job(workflow)
     assert job["if"] == "github.ref == 'refs/heads/main'"
     assert job["strategy"]["max-parallel"] == 1
     assert job["strategy"]["fail-fast"] is True
-    assert job["environment"]["name"] == "${{ matrix.stack }}"
     assert workflow["concurrency"]["cancel-in-progress"] is False
     step = _pulumi_step(job)
     assert step["with"]["command"] == "up"
