@@ -529,3 +529,24 @@ def test_the_program_refuses_it_registering_nothing(changes, message):
         run_program(project, stack="dev", other_config=other)
     assert str(err.value) == f"{heading(message)}:\n  - {expected(message)}"
     assert err.value.program_run.registrations == []
+
+
+def test_as_a_process_the_command_prints_the_lines_and_no_traceback(tmp_path):
+    """The same as a user runs it: a real interpreter, every row's stack in one directory, one after another."""
+    import subprocess
+    import sys
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    sample = BAD_STACKS[::20]
+    for i, (changes, _) in enumerate(sample):
+        (stacks / f"Pulumi.bad{i}.yaml").write_text(yaml.safe_dump({"config": broken(changes)}))
+    script = "; ".join(
+        f"print(main(['--stack', 'bad{i}', '--out', {str(tmp_path / 'out')!r}, '--stacks-dir', {str(stacks)!r}]))"
+        for i in range(len(sample)))
+    result = subprocess.run([sys.executable, "-c", f"from talos_proxmox.commands.render import main; {script}"],
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.stdout.split() == ["1"] * len(sample)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[1::2] == [f"  - {expected(message)}" for _, message in sample]
+    assert not (tmp_path / "out").exists()
