@@ -20,14 +20,15 @@ import pulumi_kubernetes as k8s
 
 from talos_proxmox.cluster_plan.addon_values import (
     CCM_RELEASE,
+    NAMESPACE,
     CILIUM_CHART,
     CILIUM_RELEASE,
-    HUBBLE_UI_SERVICE,
-    NAMESPACE,
     ccm_values,
+    cilium_load_balancer_manifests,
     cilium_values,
     hubble_ui_address,
     hubble_ui_exposure,
+    hubble_ui_load_balancer_service,
     load_balancer_host,
 )
 from providers.cluster_health import ClusterHealth
@@ -56,8 +57,8 @@ class ClusterAddons(pulumi.ComponentResource):
         kubeconfig: the admin kubeconfig (secret) for the health wait; without it the wait is skipped.
         opts: resource options of the component.
 
-    Attributes: `cilium` and `ccm` (Releases or None), `hubble_ui_service` (the LoadBalancer Service
-    read back, or None), `health` (ClusterHealth or None), `cilium_values`, `ccm_values` (the values
+    Attributes: `cilium` and `ccm` (Releases or None), `load_balancer_pool` (Cilium's LB-IPAM pool and L2
+    policy, after Cilium, or []), `hubble_ui_service` (the UI's LoadBalancer Service, or None), `health` (ClusterHealth or None), `cilium_values`, `ccm_values` (the values
     sent), `hubble_ui_address` (Output: URL of the Hubble UI, None when the UI is off).
     """
 
@@ -76,6 +77,7 @@ class ClusterAddons(pulumi.ComponentResource):
         self.cilium: Optional[k8s.helm.v3.Release] = None
         self.ccm: Optional[k8s.helm.v3.Release] = None
         self.hubble_ui_service: Optional[k8s.core.v1.Service] = None
+        self.load_balancer_pool: list[k8s.apiextensions.CustomResource] = []
         self.health: Optional[ClusterHealth] = None
         self.cilium_values: Optional[dict[str, Any]] = None
         self.ccm_values: Optional[dict[str, Any]] = None
@@ -86,6 +88,13 @@ class ClusterAddons(pulumi.ComponentResource):
             self.cilium = _release(
                 "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values, after_cluster,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository))
+            # Cilium's operator registers the pool's CRDs once it runs, which the release waited for.
+            after_cilium = pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=[self.cilium])
+            self.load_balancer_pool = [
+                k8s.apiextensions.CustomResource(
+                    f"cilium-{manifest['kind']}", api_version=manifest["apiVersion"], kind=manifest["kind"],
+                    metadata=manifest["metadata"], spec=manifest["spec"], opts=after_cilium)
+                for manifest in cilium_load_balancer_manifests(settings)]
             self.hubble_ui_address = self._hubble_ui(settings, k8s_provider)
 
         if settings.ccm.enabled:
@@ -111,17 +120,17 @@ class ClusterAddons(pulumi.ComponentResource):
         self.register_outputs({"hubble_ui_address": self.hubble_ui_address})
 
     def _hubble_ui(self, settings: Settings, k8s_provider: k8s.Provider) -> pulumi.Output[Optional[str]]:
-        exposure = hubble_ui_exposure(self.cilium_values or {})
+        service = hubble_ui_load_balancer_service(settings)
+        exposure = hubble_ui_exposure(self.cilium_values or {}, load_balancer=service is not None)
         if exposure is None:
             return pulumi.Output.from_input(None)
-        if exposure.service_type != "LoadBalancer":
+        if service is None:
             return pulumi.Output.from_input(hubble_ui_address(settings, exposure))
-        # The load balancer's address is known only once the Service exists: read it back after the
-        # release (Helm's wait already held the release until the Service had its ingress address).
-        # The id derives from the release's, so a preview of a new release does not read yet.
-        self.hubble_ui_service = k8s.core.v1.Service.get(
-            "hubble-ui",
-            self.cilium.id.apply(lambda _: f"{NAMESPACE}/{HUBBLE_UI_SERVICE}"),
-            opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=[self.cilium]))
+        # Made after the pool: the Service waits for its address (pulumi-kubernetes's await), and if none
+        # comes only this Service fails; the Cilium release is already installed and stays.
+        self.hubble_ui_service = k8s.core.v1.Service(
+            "hubble-ui-lb", metadata=service["metadata"], spec=service["spec"],
+            opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider,
+                                        depends_on=[self.cilium, *self.load_balancer_pool]))
         return self.hubble_ui_service.status.apply(
             lambda status: hubble_ui_address(settings, exposure, host) if (host := load_balancer_host(status)) else None)

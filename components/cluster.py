@@ -18,7 +18,7 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
-from talos_proxmox.cluster_plan.resource_inputs import image_facts, talosconfig_inputs
+from talos_proxmox.cluster_plan.resource_inputs import image_facts, iso_hosts, talosconfig_inputs
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.settings.stack import Settings
 from providers.talos_operations import Bootstrap, Kubeconfig
@@ -39,7 +39,7 @@ class TalosCluster(pulumi.ComponentResource):
 
         self.image = TalosImage(
             "image", img.schematic, c.talos_version, factory_url=img.factory_url, platform=img.platform,
-            arch=img.arch, secure_boot=img.secure_boot, proxmox_node=px.node, iso_datastore=px.iso_datastore,
+            arch=img.arch, secure_boot=img.secure_boot, proxmox_nodes=iso_hosts(settings), iso_datastore=px.iso_datastore,
             opts=child)
 
         # The cluster's identity: losing or replacing it orphans every node, hence protect.
@@ -59,7 +59,8 @@ class TalosCluster(pulumi.ComponentResource):
             node = by_name[rolled.name]
             self.nodes[node.name] = TalosNode(
                 node.name, settings, node,
-                iso_file_id=self.image.iso_file_id,
+                # Shared datastore: the one copy, whatever host the VM is on.
+                iso_file_id=self.image.iso_file_ids.get(node.proxmox_node, self.image.iso_file_id),
                 installer_image=facts.installer_image,
                 secrets=self.secrets.bundle,
                 talosconfig=self.talosconfig_resource.talosconfig,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import pulumi
 import pulumi_proxmoxve as proxmoxve
@@ -27,20 +27,23 @@ def proxmox_iso_name(sid: str, talos_version: str, platform: str, arch: str, sec
 
 
 class TalosImage(pulumi.ComponentResource):
-    """Registers the schematic and has Proxmox fetch the factory ISO into `iso_datastore` on `proxmox_node`.
+    """Registers the schematic and has Proxmox fetch the factory ISO into `iso_datastore` on each of
+    `proxmox_nodes` (the first is the stack's own Proxmox node; with a shared datastore it is the only one).
 
-    `iso_file_id` (e.g. `local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM's CD-ROM
-    takes; `installer_image` goes into `machine.install.image`.
+    `iso_file_ids[host]` (e.g. `local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM on that
+    host takes for its CD-ROM; `iso_file_id` is the first host's; `installer_image` goes into
+    `machine.install.image`.
     """
 
     iso_file_id: pulumi.Output[str]
+    iso_file_ids: dict[str, pulumi.Output[str]]
     installer_image: pulumi.Output[str]
     schematic_id: pulumi.Output[str]
     iso_url: pulumi.Output[str]
 
     def __init__(self, name: str, schematic: Mapping[str, Any], talos_version: str, *,
                  factory_url: str = DEFAULT_FACTORY_URL, platform: str = "metal", arch: str = "amd64",
-                 secure_boot: bool = False, proxmox_node: str, iso_datastore: str = "local",
+                 secure_boot: bool = False, proxmox_nodes: Sequence[str], iso_datastore: str = "local",
                  factory_timeout: float = DEFAULT_TIMEOUT_SECONDS,
                  download_timeout: int = ISO_DOWNLOAD_TIMEOUT_SECONDS,
                  opts: Optional[pulumi.ResourceOptions] = None):
@@ -56,19 +59,24 @@ class TalosImage(pulumi.ComponentResource):
             f"{name}-schematic", schematic, talos_version, factory_url=factory_url, platform=platform,
             arch=arch, secure_boot=secure_boot, timeout=factory_timeout, opts=child)
 
-        self.iso = proxmoxve.download.File(
-            f"{name}-iso",
-            content_type="iso",
-            datastore_id=iso_datastore,
-            node_name=proxmox_node,
-            url=self.schematic.iso_url,
-            file_name=file_name,
-            # The name already pins schematic and version; a size check against the factory would
-            # only make Proxmox download the same image again.
-            overwrite=False,
-            upload_timeout=download_timeout,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.schematic]))
-
+        # The name pins schematic and version, so a file of that name is this image: another stack's download
+        # of it is adopted (overwrite_unmanaged) and kept when this stack lets go of it (retain_on_delete),
+        # since that stack's VMs may boot it. A size check against the factory would only fetch it again.
+        self.isos = {
+            host: proxmoxve.download.File(
+                f"{name}-iso" if index == 0 else f"{name}-iso-{host}",
+                content_type="iso",
+                datastore_id=iso_datastore,
+                node_name=host,
+                url=self.schematic.iso_url,
+                file_name=file_name,
+                overwrite=False,
+                overwrite_unmanaged=True,
+                upload_timeout=download_timeout,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.schematic], retain_on_delete=True))
+            for index, host in enumerate(dict.fromkeys(proxmox_nodes))}
+        self.iso = next(iter(self.isos.values()))
+        self.iso_file_ids = {host: iso.id for host, iso in self.isos.items()}
         self.iso_file_id = self.iso.id
         self.iso_url = self.schematic.iso_url
         self.installer_image = self.schematic.installer_image

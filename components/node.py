@@ -43,6 +43,8 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
     extra = {}
     if settings.image.platform == "nocloud":
         extra["initialization"] = maintenance_network(settings, node)
+    if settings.image.secure_boot:
+        extra.update(secure_boot_firmware(settings))
     return dict(
         **extra,
         name=node.name,
@@ -53,7 +55,9 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
         cpu=proxmoxve.VmLegacyCpuArgs(cores=node.cpu, sockets=1, type=px.cpu_type),
         # Ballooning off: Talos and the kubelet plan around the memory they see at boot.
         memory=proxmoxve.VmLegacyMemoryArgs(dedicated=node.memory_mib, floating=0),
-        scsi_hardware="virtio-scsi-single",
+        # Not virtio-scsi-single: with it Talos's bootstrap hangs (Talos's Proxmox guide, siderolabs/talos#11173).
+        # virtio-scsi-pci keeps the boot disk /dev/sda, the install disk.
+        scsi_hardware="virtio-scsi-pci",
         disks=disks,
         network_devices=[proxmoxve.VmLegacyNetworkDeviceArgs(
             bridge=px.bridge, model="virtio", mac_address=node.mac)],
@@ -71,6 +75,19 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
         started=True,
         # Talos is reset through its API before the VM goes (day-two hooks); then a hard stop is safe.
         stop_on_destroy=True,
+    )
+
+
+def secure_boot_firmware(settings: Settings) -> dict:
+    """UEFI with an empty key store and a TPM 2.0: the secure-boot ISO enrolls Sidero Labs' keys itself
+    (Microsoft's pre-enrolled keys would refuse its UKI), and Talos seals disk keys to the TPM."""
+    store = settings.proxmox.vm_datastore
+    return dict(
+        bios="ovmf",
+        machine="q35",
+        efi_disk=proxmoxve.VmLegacyEfiDiskArgs(datastore_id=store, file_format="raw", type="4m",
+                                               pre_enrolled_keys=False),
+        tpm_state=proxmoxve.VmLegacyTpmStateArgs(datastore_id=store, version="v2.0"),
     )
 
 

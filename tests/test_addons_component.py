@@ -20,13 +20,14 @@ from pulumi.runtime.mocks import MockMonitor
 
 from components.addons import ClusterAddons
 from talos_proxmox.settings.stack import load_settings, stack_file_config
-from tests.test_addons_values import SEED_CCM_VALUES, SEED_CILIUM_VALUES
+from tests.test_addons_values import seed_ccm_values, seed_cilium_values
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 KUBECONFIG_TEXT = "apiVersion: v1\nkind: Config\n"
 LB_ADDRESS = "10.255.200.240"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 SERVICE = "kubernetes:core/v1:Service"
+CUSTOM_TYPES = ("kubernetes:cilium.io/v2:CiliumLoadBalancerIPPool", "kubernetes:cilium.io/v2alpha1:CiliumL2AnnouncementPolicy")
 HEALTH = "pulumi-python:dynamic:Resource"
 
 
@@ -79,9 +80,10 @@ class Mocks(pulumi.runtime.Mocks):
         if args.typ == RELEASE:
             outputs["status"] = {"name": args.inputs["name"], "namespace": args.inputs["namespace"], "revision": 1}
             return f"{args.inputs['namespace']}/{args.inputs['name']}", outputs
-        if args.typ == SERVICE and args.resource_id:  # a read of a live Service
+        if args.typ == SERVICE and args.inputs.get("spec", {}).get("type") == "LoadBalancer":
+            # What the LB-IPAM pool gives once the Service exists (pulumi-kubernetes awaits it).
             outputs["status"] = {"loadBalancer": {"ingress": [{"ip": LB_ADDRESS}]}}
-            return args.resource_id, outputs
+            return "kube-system/hubble-ui-lb", outputs
         return f"{args.name}-id", outputs
 
     def call(self, args):
@@ -156,7 +158,7 @@ def test_seed_stack_installs_cilium_and_ccm_after_bootstrap_and_kubeconfig():
     assert (cilium.inputs["name"], cilium.inputs["chart"], cilium.inputs["version"], cilium.inputs["namespace"]) == (
         "cilium", "cilium", "1.19.6", "kube-system")
     assert cilium.inputs["repositoryOpts"] == {"repo": "https://helm.cilium.io"}
-    assert cilium.inputs["values"] == yaml.safe_load(SEED_CILIUM_VALUES)
+    assert cilium.inputs["values"] == seed_cilium_values()
     assert cilium.inputs["atomic"] is True
     assert {bootstrap, kubeconfig} <= set(cilium.dependencies)
     assert cilium.provider.startswith(provider_urn + "::")
@@ -166,7 +168,7 @@ def test_seed_stack_installs_cilium_and_ccm_after_bootstrap_and_kubeconfig():
         "talos-cloud-controller-manager", "oci://ghcr.io/siderolabs/charts/talos-cloud-controller-manager",
         "0.5.4", "kube-system")
     assert "repositoryOpts" not in ccm.inputs
-    assert ccm.inputs["values"] == yaml.safe_load(SEED_CCM_VALUES)
+    assert ccm.inputs["values"] == seed_ccm_values()
     assert {bootstrap, kubeconfig} <= set(ccm.dependencies)
     assert cilium.urn not in ccm.dependencies  # side by side on purpose (see components/addons.py)
     assert ccm.provider.startswith(provider_urn + "::")
@@ -191,17 +193,28 @@ def test_hubble_off_removes_only_hubble():
     assert off.address is None
 
 
-def test_load_balancer_ui_is_read_back_after_the_release_and_its_address_exported():
-    lb = run(stack(hubble={"uiServiceType": "LoadBalancer"}))
-    service = lb.one(SERVICE, "hubble-ui")
-    assert (service.kind, service.id) == ("read", "kube-system/hubble-ui")
-    assert lb.one(RELEASE, "cilium").urn in service.dependencies
+def test_load_balancer_ui_gets_a_pool_after_cilium_then_its_own_service():
+    """Pool and L2 policy after the release (the operator registers their CRDs), the Service after the pool;
+    a Service that never gets an address fails alone, with Cilium installed."""
+    lb = run(stack(hubble={"uiServiceType": "LoadBalancer"}, cilium={"loadBalancerAddresses": ["10.255.200.240/29"]}))
+    cilium = lb.one(RELEASE, "cilium")
+    pool = lb.one(CUSTOM_TYPES[0], "cilium-CiliumLoadBalancerIPPool")
+    policy = lb.one(CUSTOM_TYPES[1], "cilium-CiliumL2AnnouncementPolicy")
+    assert (pool.inputs["apiVersion"], pool.inputs["spec"]) == ("cilium.io/v2", {"blocks": [{"cidr": "10.255.200.240/29"}]})
+    assert (policy.inputs["apiVersion"], policy.inputs["spec"]) == (
+        "cilium.io/v2alpha1", {"loadBalancerIPs": True, "externalIPs": True})
+    assert cilium.urn in pool.dependencies and cilium.urn in policy.dependencies
+    service = lb.one(SERVICE, "hubble-ui-lb")
+    assert service.kind == "register"
+    assert {cilium.urn, pool.urn, policy.urn} <= set(service.dependencies)
+    assert service.inputs["spec"]["type"] == "LoadBalancer"
     assert service.provider.startswith(lb.urn("k8s") + "::")
-    assert lb.one(RELEASE, "cilium").inputs["values"]["hubble"]["ui"]["service"] == {"type": "LoadBalancer"}
+    assert cilium.inputs["values"]["hubble"]["ui"] == {"enabled": True}
     assert lb.address == f"http://{LB_ADDRESS}:80"
 
-    off = run(stack(hubble={"uiServiceType": "LoadBalancer", "enabled": False}))
-    assert lb.registered() - off.registered() == {("read", SERVICE, "hubble-ui")}
+    off = run(stack(hubble={"uiServiceType": "LoadBalancer", "enabled": False},
+                    cilium={"loadBalancerAddresses": ["10.255.200.240/29"]}))
+    assert lb.registered() - off.registered() == {("register", SERVICE, "hubble-ui-lb")}
     assert off.registered() - lb.registered() == set()
 
 

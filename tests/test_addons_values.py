@@ -9,10 +9,12 @@ import yaml
 from talos_proxmox.cluster_plan.addon_values import (
     ccm_extra_args,
     ccm_values,
+    cilium_load_balancer_manifests,
     cilium_mtu,
     cilium_values,
     hubble_ui_address,
     hubble_ui_exposure,
+    hubble_ui_load_balancer_service,
     load_balancer_host,
 )
 from talos_proxmox.talos_config.merge import deep_merge
@@ -90,15 +92,47 @@ def settings_with(**sections):
     return load_settings(raw)
 
 
-def test_seed_stack_gives_the_seed_cilium_values_exactly():
+def seed_cilium_values() -> dict:
+    """The seed's values plus the one deliberate change: legacy host routing, without which pods' DNS to
+    outside names fails behind Talos's host DNS forwarding (cilium/cilium#36737, siderolabs/talos#10002)."""
+    values = yaml.safe_load(SEED_CILIUM_VALUES)
+    values["bpf"]["hostLegacyRouting"] = True
+    return values
+
+
+def seed_ccm_values() -> dict:
+    """The seed's values plus replicas spread over control planes (one pod per node)."""
+    return {**yaml.safe_load(SEED_CCM_VALUES), "affinity": {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "talos-cloud-controller-manager",
+                                              "app.kubernetes.io/instance": "talos-cloud-controller-manager"}},
+            "topologyKey": "kubernetes.io/hostname"}]}}}
+
+
+def test_seed_stack_gives_the_seed_cilium_values_with_pod_dns_fixed():
     values = cilium_values(load_settings(raw_stack()))
-    assert values == yaml.safe_load(SEED_CILIUM_VALUES)
+    assert values == seed_cilium_values()
+    assert values["bpf"] == {"masquerade": True, "hostLegacyRouting": True}
     # Same key order as the seed file, so a rendered values file reads like it.
     assert list(values) == list(yaml.safe_load(SEED_CILIUM_VALUES))
 
 
-def test_seed_stack_gives_the_seed_ccm_values():
-    assert ccm_values(load_settings(raw_stack())) == yaml.safe_load(SEED_CCM_VALUES)
+def test_seed_stack_gives_the_seed_ccm_values_spread_over_control_planes():
+    values = ccm_values(load_settings(raw_stack()))
+    assert values == seed_ccm_values()
+    assert "useDaemonSet" not in values
+
+
+def test_node_ipam_runs_the_ccm_as_a_host_network_daemonset_tolerating_not_ready_nodes():
+    """The CCM allocates pod CIDRs; Cilium needs them; so the CCM must not need Cilium's pod network."""
+    values = ccm_values(settings_with(ccm={"nodeIpam": {"maskSizeIpv4": 24}}))
+    assert values["useDaemonSet"] is True  # the chart's DaemonSet mode: hostNetwork on control planes
+    assert values["tolerations"] == [
+        {"effect": "NoSchedule", "key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+        {"effect": "NoSchedule", "key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"},
+        {"effect": "NoSchedule", "key": "node.kubernetes.io/not-ready", "operator": "Exists"}]
+    assert "affinity" not in values
+    assert "--node-cidr-mask-size-ipv4=24" in values["extraArgs"]
 
 
 def test_mtu_is_kubespan_mtu_minus_vxlan_and_absent_without_kubespan():
@@ -144,11 +178,32 @@ def test_node_port_ui_sets_the_service_and_exports_a_node_address():
     assert hubble_ui_address(dev, hubble_ui_exposure(cilium_values(dev))) == "http://10.10.0.50:30080"
 
 
-def test_load_balancer_ui_needs_the_assigned_address():
-    s = settings_with(hubble={"uiServiceType": "LoadBalancer"})
+def test_load_balancer_ui_is_our_service_on_the_pool_not_the_charts():
+    s = settings_with(hubble={"uiServiceType": "LoadBalancer"}, cilium={"loadBalancerAddresses": ["10.255.200.240/29"]})
     values = cilium_values(s)
-    assert values["hubble"]["ui"]["service"] == {"type": "LoadBalancer"}
-    exposure = hubble_ui_exposure(values)
+    assert values["hubble"]["ui"] == {"enabled": True}  # the chart's Service stays ClusterIP: no Helm wait on it
+    assert (values["l2announcements"], values["externalIPs"]) == ({"enabled": True}, {"enabled": True})
+    assert values["k8sClientRateLimit"] == {"qps": 20, "burst": 40}
+    assert hubble_ui_load_balancer_service(s) == {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "hubble-ui-lb", "namespace": "kube-system"},
+        "spec": {"type": "LoadBalancer", "selector": {"k8s-app": "hubble-ui"},
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8081}]}}
+    assert cilium_load_balancer_manifests(s) == [
+        {"apiVersion": "cilium.io/v2", "kind": "CiliumLoadBalancerIPPool", "metadata": {"name": "test-cluster"},
+         "spec": {"blocks": [{"cidr": "10.255.200.240/29"}]}},
+        {"apiVersion": "cilium.io/v2alpha1", "kind": "CiliumL2AnnouncementPolicy",
+         "metadata": {"name": "test-cluster"}, "spec": {"loadBalancerIPs": True, "externalIPs": True}}]
+    ranges = settings_with(cilium={"loadBalancerAddresses": ["10.255.200.240-10.255.200.250"]})
+    assert cilium_load_balancer_manifests(ranges)[0]["spec"]["blocks"] == [
+        {"start": "10.255.200.240", "stop": "10.255.200.250"}]
+    assert hubble_ui_load_balancer_service(ranges) is None  # a pool alone: for the user's own Services
+    assert "l2announcements" not in cilium_values(settings_with())
+    assert cilium_load_balancer_manifests(settings_with()) == []
+
+
+def test_load_balancer_ui_needs_the_assigned_address():
+    s = settings_with(hubble={"uiServiceType": "LoadBalancer"}, cilium={"loadBalancerAddresses": ["10.255.200.240/29"]})
+    exposure = hubble_ui_exposure(cilium_values(s), load_balancer=True)
     host = load_balancer_host({"loadBalancer": {"ingress": [{"hostname": ""}, {"ip": "10.255.200.240"}]}})
     assert hubble_ui_address(s, exposure, host) == "http://10.255.200.240:80"
     assert load_balancer_host({"loadBalancer": {}}) is None
@@ -197,6 +252,6 @@ def test_ccm_node_ipam_adds_the_controller_and_its_flags():
 
 
 def test_ccm_user_values_override():
-    s = settings_with(ccm={"values": {"replicaCount": 3, "daemonSet": {"enabled": True}}})
+    s = settings_with(ccm={"values": {"replicaCount": 3, "daemonSet": {"enabled": True}, "affinity": None}})
     assert ccm_values(s) == {"replicaCount": 3, "enabledControllers": ["cloud-node", "node-csr-approval"],
                              "daemonSet": {"enabled": True}}

@@ -26,7 +26,8 @@ class RecordingMonitor(MockMonitor):
     def RegisterResource(self, request):  # noqa: N802 - the gRPC method name
         response = super().RegisterResource(request)
         self.registrations[request.name] = {"type": request.type, "parent": request.parent,
-                                            "dependencies": list(request.dependencies), "urn": response.urn}
+                                            "dependencies": list(request.dependencies), "urn": response.urn,
+                                            "retain_on_delete": request.retainOnDelete}
         return response
 
 
@@ -60,7 +61,7 @@ def mocks():
 @pulumi.runtime.test
 def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
     image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", factory_url="https://factory.talos.dev",
-                       proxmox_node="pve1", iso_datastore="local")
+                       proxmox_nodes=["pve1"], iso_datastore="local")
 
     def check(values):
         iso_file_id, installer, sid, iso_url = values
@@ -73,6 +74,8 @@ def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
             "url": f"https://factory.talos.dev/image/{SEED_ID}/v1.13.7/metal-amd64.iso",
             "fileName": expected_name,
             "overwrite": False,
+            # A file of this name is this image: another stack's copy is adopted, not an error.
+            "overwriteUnmanaged": True,
             "uploadTimeout": 1800,
         }
         assert iso_file_id == f"local:iso/{expected_name}"
@@ -93,6 +96,7 @@ def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
         assert regs["talos-schematic"]["parent"] == component_urn
         assert regs["talos-iso"]["parent"] == component_urn
         assert regs["talos-schematic"]["urn"] in regs["talos-iso"]["dependencies"]
+        assert regs["talos-iso"]["retain_on_delete"] is True  # another stack's VMs may boot it
 
     return pulumi.Output.all(image.iso_file_id, image.installer_image, image.schematic_id,
                              image.iso_url).apply(check)
@@ -101,7 +105,7 @@ def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
 @pulumi.runtime.test
 def test_private_factory_secure_boot_arm64(mocks):
     image = TalosImage("img", SEED_SCHEMATIC, "1.13.7", factory_url="http://127.0.0.1:8080/",
-                       platform="metal", arch="arm64", secure_boot=True, proxmox_node="pve2",
+                       platform="metal", arch="arm64", secure_boot=True, proxmox_nodes=["pve2"],
                        iso_datastore="isos")
 
     def check(values):
@@ -123,7 +127,7 @@ def test_a_new_schematic_or_version_gets_a_new_file_name(mocks):
              proxmox_iso_name(SEED_ID, "v1.13.8", "metal", "amd64", False),
              proxmox_iso_name(SEED_ID, "v1.13.7", "nocloud", "amd64", False)}
     assert len(names) == 3
-    image = TalosImage("other", other, "v1.13.7", proxmox_node="pve1")
+    image = TalosImage("other", other, "v1.13.7", proxmox_nodes=["pve1"])
 
     def check(values):
         sid, iso_file_id = values
@@ -137,12 +141,27 @@ def test_bad_settings_fail_before_anything_is_registered(mocks):
     @pulumi.runtime.test
     def attempt():  # runs the program and waits for every registration it started
         with pytest.raises(SchematicError, match="customization: unknown key 'systemExtension'"):
-            TalosImage("bad", {"customization": {"systemExtension": {}}}, "v1.13.7", proxmox_node="pve1")
+            TalosImage("bad", {"customization": {"systemExtension": {}}}, "v1.13.7", proxmox_nodes=["pve1"])
         with pytest.raises(SchematicError, match="arch: 'x86_64' is not one of amd64, arm64"):
-            TalosImage("bad2", SEED_SCHEMATIC, "v1.13.7", arch="x86_64", proxmox_node="pve1")
+            TalosImage("bad2", SEED_SCHEMATIC, "v1.13.7", arch="x86_64", proxmox_nodes=["pve1"])
         with pytest.raises(SchematicError, match="factory_url: 'factory.talos.dev' is not an http"):
-            TalosImage("bad3", SEED_SCHEMATIC, "v1.13.7", factory_url="factory.talos.dev", proxmox_node="pve1")
-        TalosImage("good", SEED_SCHEMATIC, "v1.13.7", proxmox_node="pve1")
+            TalosImage("bad3", SEED_SCHEMATIC, "v1.13.7", factory_url="factory.talos.dev", proxmox_nodes=["pve1"])
+        TalosImage("good", SEED_SCHEMATIC, "v1.13.7", proxmox_nodes=["pve1"])
 
     attempt()
     assert sorted(mocks.monitor.registrations) == ["good", "good-iso", "good-schematic"]
+
+
+@pulumi.runtime.test
+def test_every_proxmox_host_gets_its_own_copy_under_a_stable_name(mocks):
+    """VMs on other hosts boot a copy on their host; the first host keeps the single-host resource name."""
+    image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", proxmox_nodes=["pve1", "pve2", "pve3", "pve2"])
+
+    def check(ids):
+        assert set(image.iso_file_ids) == {"pve1", "pve2", "pve3"}
+        assert [mocks.inputs[n]["nodeName"] for n in ("talos-iso", "talos-iso-pve2", "talos-iso-pve3")] == [
+            "pve1", "pve2", "pve3"]
+        assert len({mocks.inputs[n]["fileName"] for n in ("talos-iso", "talos-iso-pve2", "talos-iso-pve3")}) == 1
+        assert ids[0] == ids[1]  # iso_file_id is the first host's
+
+    return pulumi.Output.all(image.iso_file_id, image.iso_file_ids["pve1"]).apply(check)

@@ -36,7 +36,22 @@ def test_control_plane_vm_is_the_seeds_1_vcpu_2_gib_15_gb_machine(settings):
     assert args["agent"].enabled is True
     assert args["operating_system"].type == "l26"
     assert args["tags"] == ["controlplane", "talos", "test-cluster"]
+    # Talos's Proxmox guide: virtio-scsi-single hangs the bootstrap; the boot disk stays /dev/sda.
+    assert args["scsi_hardware"] == "virtio-scsi-pci"
+    assert not {"bios", "machine", "efi_disk", "tpm_state"} & set(args)  # SeaBIOS, QEMU's default machine
     # Every keyword is one VmLegacy takes: a typo here would only fail against a real Proxmox.
+    proxmoxve.VmLegacyArgs(**args)
+
+
+def test_secure_boot_vm_has_uefi_with_empty_key_store_and_a_tpm(settings):
+    secure = dataclasses.replace(settings, image=dataclasses.replace(settings.image, secure_boot=True))
+    args = vm_args(secure, node(settings, "master-1"), ISO)
+    assert (args["bios"], args["machine"]) == ("ovmf", "q35")
+    efi = args["efi_disk"]
+    # Not Microsoft's pre-enrolled keys: the secure-boot ISO enrolls Sidero Labs' own on first boot.
+    assert (efi.datastore_id, efi.type, efi.file_format, efi.pre_enrolled_keys) == ("local-lvm", "4m", "raw", False)
+    assert (args["tpm_state"].datastore_id, args["tpm_state"].version) == ("local-lvm", "v2.0")
+    assert args["scsi_hardware"] == "virtio-scsi-pci" and args["boot_orders"] == ["scsi0", "ide2"]
     proxmoxve.VmLegacyArgs(**args)
 
 

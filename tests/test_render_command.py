@@ -39,7 +39,9 @@ def rendered(tmp_path_factory):
 def test_writes_every_node_config_talosconfig_schematic_and_helm_values(rendered):
     names = {p.name for p in rendered.iterdir()}
     assert {f"{n}.yaml" for n in NODES} <= names
-    assert names - {f"{n}.yaml" for n in NODES} == {*RENDER_OUTPUT_FILES, render.STACK_MARKER}
+    # Every fixed name the settings reserve, but the LB pool file (the stack has no pool).
+    assert names - {f"{n}.yaml" for n in NODES} == {*RENDER_OUTPUT_FILES, render.STACK_MARKER} - {
+        render.CILIUM_LOAD_BALANCER_FILE}
     for path in rendered.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
 
@@ -213,3 +215,17 @@ def test_an_out_the_system_refuses_is_one_line(capsys):
     assert render.main(["--stack", "dev", "--out", out]) in (1, 2)
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {out}: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_load_balancer_pool_is_written_with_the_ui_service(tmp_path, capsys):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    config = yaml.safe_load((REPO / "stacks" / "Pulumi.dev.yaml").read_text())
+    config["config"]["talos-proxmox:cilium"] = {"loadBalancerAddresses": ["10.10.0.60/30"]}
+    config["config"]["talos-proxmox:hubble"] = {"uiServiceType": "LoadBalancer"}
+    (stacks / "Pulumi.lb.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert render.main(["--stack", "lb", "--out", str(out), "--stacks-dir", str(stacks)]) == 0
+    documents = list(yaml.safe_load_all((out / "cilium-load-balancer.yaml").read_text()))
+    assert [d["kind"] for d in documents] == ["CiliumLoadBalancerIPPool", "CiliumL2AnnouncementPolicy", "Service"]
+    assert documents[0]["spec"] == {"blocks": [{"cidr": "10.10.0.60/30"}]}

@@ -46,11 +46,10 @@ def hubble_values(hubble: HubbleSettings) -> dict[str, Any]:
     if not hubble.enabled:
         return {"enabled": False}
     ui: dict[str, Any] = {"enabled": hubble.ui}
-    if hubble.ui and hubble.ui_service_type != "ClusterIP":
-        service: dict[str, Any] = {"type": hubble.ui_service_type}
-        if hubble.ui_service_type == "NodePort":
-            service["nodePort"] = HUBBLE_UI_NODE_PORT
-        ui["service"] = service
+    # LoadBalancer is a Service of our own (hubble_ui_load_balancer_service), not the chart's: Helm would
+    # hold the Cilium release until it had an address, which only the pool made after Cilium gives.
+    if hubble.ui and hubble.ui_service_type == "NodePort":
+        ui["service"] = {"type": "NodePort", "nodePort": HUBBLE_UI_NODE_PORT}
     return {"enabled": True, "relay": {"enabled": hubble.relay}, "ui": ui}
 
 
@@ -64,7 +63,10 @@ def cilium_values(settings: Settings) -> dict[str, Any]:
         "kubeProxyReplacement": True,
         "k8sServiceHost": KUBEPRISM_HOST,
         "k8sServicePort": KUBEPRISM_PORT,
-        "bpf": {"masquerade": True},
+        # Talos forwards pods' DNS to its host resolver (hostDNS.forwardKubeDNSToHost); with eBPF host
+        # routing and masquerading those replies never reach the pod (cilium/cilium#36737). Legacy host
+        # routing, as Cilium's Talos install page sets it, keeps pod DNS to outside names working.
+        "bpf": {"masquerade": True, "hostLegacyRouting": True},
         # Talos mounts the cgroup2 filesystem itself.
         "cgroup": {"autoMount": {"enabled": False}, "hostRoot": "/sys/fs/cgroup"},
         "securityContext": {"capabilities": {
@@ -76,7 +78,57 @@ def cilium_values(settings: Settings) -> dict[str, Any]:
     mtu = cilium_mtu(settings)
     if mtu is not None:
         values["MTU"] = mtu
+    if settings.cilium.load_balancer_addresses:
+        # LoadBalancer Services get addresses from the pool below, answered for by ARP from one node each;
+        # the leases that elect that node are API calls, hence the higher client rate limit.
+        values["l2announcements"] = {"enabled": True}
+        values["externalIPs"] = {"enabled": True}
+        values["k8sClientRateLimit"] = {"qps": 20, "burst": 40}
     return deep_merge(values, settings.cilium.values)
+
+
+LOAD_BALANCER_POOL_API = "cilium.io/v2"
+L2_POLICY_API = "cilium.io/v2alpha1"
+
+
+def cilium_load_balancer_manifests(settings: Settings) -> list[dict[str, Any]]:
+    """Cilium's LB-IPAM pool of the stack's addresses and the L2 policy that announces them; [] without."""
+    blocks = settings.cilium.load_balancer_addresses
+    if not blocks:
+        return []
+    name = settings.cluster.name
+    return [
+        {"apiVersion": LOAD_BALANCER_POOL_API, "kind": "CiliumLoadBalancerIPPool", "metadata": {"name": name},
+         "spec": {"blocks": [_pool_block(b) for b in blocks]}},
+        {"apiVersion": L2_POLICY_API, "kind": "CiliumL2AnnouncementPolicy", "metadata": {"name": name},
+         "spec": {"loadBalancerIPs": True, "externalIPs": True}},
+    ]
+
+
+# The chart's hubble-ui pods and their HTTP port (templates/hubble-ui/deployment.yaml).
+HUBBLE_UI_SELECTOR = {"k8s-app": "hubble-ui"}
+HUBBLE_UI_TARGET_PORT = 8081
+HUBBLE_UI_LOAD_BALANCER_SERVICE = "hubble-ui-lb"
+
+
+def hubble_ui_load_balancer_service(settings: Settings) -> Optional[dict[str, Any]]:
+    """The LoadBalancer Service in front of the Hubble UI, or None when the UI is not served that way."""
+    hubble = settings.hubble
+    if not (settings.cilium.enabled and hubble.enabled and hubble.ui and hubble.ui_service_type == "LoadBalancer"):
+        return None
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": HUBBLE_UI_LOAD_BALANCER_SERVICE, "namespace": NAMESPACE},
+        "spec": {"type": "LoadBalancer", "selector": dict(HUBBLE_UI_SELECTOR),
+                 "ports": [{"name": "http", "port": HUBBLE_UI_PORT, "targetPort": HUBBLE_UI_TARGET_PORT}]},
+    }
+
+
+def _pool_block(block: str) -> dict[str, str]:
+    if "-" in block:
+        start, stop = (part.strip() for part in block.split("-", 1))
+        return {"start": start, "stop": stop}
+    return {"cidr": block}
 
 
 def ccm_extra_args(settings: Settings) -> list[str]:
@@ -96,13 +148,36 @@ def ccm_extra_args(settings: Settings) -> list[str]:
     return args
 
 
+# The chart's selector labels (templates/_helpers.tpl), for spreading its pods.
+CCM_CHART = "talos-cloud-controller-manager"
+CCM_SELECTOR = {"app.kubernetes.io/name": CCM_CHART, "app.kubernetes.io/instance": CCM_RELEASE}
+# The chart's own tolerations (a list: Helm replaces it whole), plus not-ready for node IPAM: a node
+# stays NotReady until the CCM gives it a pod CIDR.
+CCM_TOLERATIONS = [
+    {"effect": "NoSchedule", "key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
+    {"effect": "NoSchedule", "key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"},
+]
+NOT_READY_TOLERATION = {"effect": "NoSchedule", "key": "node.kubernetes.io/not-ready", "operator": "Exists"}
+
+
 def ccm_values(settings: Settings) -> dict[str, Any]:
-    """Values of the Talos CCM release: replicas, enabled controllers, node IPAM flags, then `ccm.values`."""
+    """Values of the Talos CCM release: replicas, enabled controllers, node IPAM flags, then `ccm.values`.
+
+    With node IPAM the CCM is the only pod-CIDR allocator, so it cannot wait for the pod network (which
+    waits for pod CIDRs): it runs as the chart's DaemonSet on the control planes' host network. Otherwise
+    it is a Deployment whose replicas go to different control planes, so one node's loss keeps one.
+    """
     ccm = settings.ccm
     values: dict[str, Any] = {"replicaCount": ccm.replicas, "enabledControllers": list(ccm.controllers)}
     extra_args = ccm_extra_args(settings)
     if extra_args:
         values["extraArgs"] = extra_args
+    if ccm.node_ipam is not None:
+        values["useDaemonSet"] = True
+        values["tolerations"] = [*CCM_TOLERATIONS, NOT_READY_TOLERATION]
+    else:
+        values["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": dict(CCM_SELECTOR)}, "topologyKey": "kubernetes.io/hostname"}]}}
     return deep_merge(values, ccm.values)
 
 
@@ -113,12 +188,15 @@ class HubbleUiExposure:
     port: int
 
 
-def hubble_ui_exposure(values: Mapping[str, Any]) -> Optional[HubbleUiExposure]:
-    """Read from the final Cilium values, so user overrides of the Service are honoured; None: no UI."""
+def hubble_ui_exposure(values: Mapping[str, Any], load_balancer: bool = False) -> Optional[HubbleUiExposure]:
+    """Read from the final Cilium values, so user overrides of the Service are honoured; None: no UI.
+    `load_balancer`: the UI is served by our LoadBalancer Service (hubble_ui_load_balancer_service)."""
     hubble = values.get("hubble") or {}
     ui = hubble.get("ui") or {}
     if not hubble.get("enabled", True) or not ui.get("enabled", False):
         return None
+    if load_balancer:
+        return HubbleUiExposure("LoadBalancer", HUBBLE_UI_PORT)
     service = ui.get("service") or {}
     service_type = service.get("type") or "ClusterIP"
     if service_type == "NodePort":

@@ -127,6 +127,7 @@ def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image
     storage = node_storage_patch(node)
     if storage is not None:
         derived.append(storage)
+    derived.extend(disk_encryption_patches(settings.cluster.system_disk_encryption))
     index = next((i for i, n in enumerate(settings.nodes) if n.name == node.name), None)
     where = f"nodes[{index}]" if index is not None else f"node {node.name}"
     return [
@@ -136,6 +137,21 @@ def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image
           for i, p in enumerate(settings.cluster.role_patches.get(node.role, ()))),
         *((f"{where}.patches[{i}]", p) for i, p in enumerate(node.patches)),
     ]
+
+
+# Talos's system volumes; with TPM encryption each is LUKS2 with a key sealed to the TPM, enrolled only
+# when Secure Boot is on (the seal is bound to PCR 7, so enrolling without it would lock the disk later).
+ENCRYPTED_SYSTEM_VOLUMES = ("STATE", "EPHEMERAL")
+
+
+def disk_encryption_patches(encryption: str) -> list[dict]:
+    """One VolumeConfig document per system volume (the v1.12+ form of machine.systemDiskEncryption)."""
+    if encryption != "tpm":
+        return []
+    return [{
+        "apiVersion": "v1alpha1", "kind": "VolumeConfig", "name": volume,
+        "encryption": {"provider": "luks2", "keys": [{"slot": 0, "tpm": {"checkSecurebootStatusOnEnroll": True}}]},
+    } for volume in ENCRYPTED_SYSTEM_VOLUMES]
 
 
 def node_patches(settings: Settings, node: NodeSettings, installer_image: str) -> list[Any]:

@@ -34,6 +34,15 @@ def image_facts(settings: Settings) -> ImageFacts:
     )
 
 
+def iso_hosts(settings: Settings) -> list[str]:
+    """The Proxmox hosts that get the ISO: the stack's own first, then every other host a VM runs on,
+    unless the ISO datastore is shared (then the one copy serves them all)."""
+    own = settings.proxmox.node
+    if settings.proxmox.iso_datastore_shared:
+        return [own]
+    return [own, *sorted({n.proxmox_node for n in settings.nodes} - {own})]
+
+
 def machine_config_inputs(settings: Settings, node: NodeSettings, installer_image: str) -> dict[str, Any]:
     """Everything but the secrets bundle that `machine_config.render` takes for `node`."""
     return dict(

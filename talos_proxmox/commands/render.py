@@ -31,6 +31,7 @@ TALOSCONFIG_FILE = "talosconfig"
 SCHEMATIC_FILE = "schematic.yaml"
 SCHEMATIC_ID_FILE = "schematic-id"
 CILIUM_VALUES_FILE = "cilium-values.yaml"
+CILIUM_LOAD_BALANCER_FILE = "cilium-load-balancer.yaml"
 CCM_VALUES_FILE = "talos-ccm-values.yaml"
 # (settings.stack.RENDER_OUTPUT_FILES lists these, so no node is named like one of them.)
 # Which stack an output directory was rendered for: its secrets.yaml is that cluster's identity.
@@ -111,6 +112,11 @@ def rendered_files(settings: Settings, bundle: dict) -> list[tuple[str, str, str
                   f"talosctl context {settings.cluster.name}"))
     for name, values in helm_values(settings).items():
         files.append((name, yaml.safe_dump(values, sort_keys=False), "Helm values"))
+    manifests = addon_values.cilium_load_balancer_manifests(settings) if settings.cilium.enabled else []
+    service = addon_values.hubble_ui_load_balancer_service(settings)
+    if manifests:
+        text = yaml.safe_dump_all([*manifests, *([service] if service else [])], sort_keys=False)
+        files.append((CILIUM_LOAD_BALANCER_FILE, text, "LB-IPAM pool and L2 policy (apply after Cilium)"))
     return files
 
 

@@ -49,7 +49,7 @@ SYSTEM_MOUNTPOINTS = ("/var", "/var/lib", "/var/mnt", *SYSTEM_DIRECTORIES)
 KUBERNETES_RANGES = {"v1.12": ((1, 30), (1, 35)), "v1.13": ((1, 31), (1, 36))}
 # The render command writes these beside <node>.yaml; a node of the same name would overwrite one.
 RENDER_OUTPUT_FILES = ("secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id", "cilium-values.yaml",
-                       "talos-ccm-values.yaml")
+                       "cilium-load-balancer.yaml", "talos-ccm-values.yaml")
 
 DEFAULT_TALOS_VERSION = "v1.13.7"
 DEFAULT_CILIUM_VERSION = "1.19.6"
@@ -105,6 +105,7 @@ class ClusterSettings:
     patches: tuple[Any, ...]
     role_patches: Mapping[str, tuple[Any, ...]]
     secrets_file: Optional[str]
+    system_disk_encryption: str = "none"  # or "tpm": STATE and EPHEMERAL sealed to the node's TPM
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ class ProxmoxSettings:
     bridge: str
     cpu_type: str
     tags: tuple[str, ...]
+    iso_datastore_shared: bool = False  # one ISO every Proxmox host sees, instead of one per host
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ class CiliumSettings:
     version: str
     repository: str
     values: Mapping[str, Any]
+    # LB-IPAM pool announced over L2: CIDRs or start-stop ranges in the nodes' subnet.
+    load_balancer_addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -484,7 +488,8 @@ def _read_network(r: _Reader, raw: Any) -> Optional[NetworkSettings]:
 
 
 def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
-    s = r.section(raw, "proxmox", ("node", "vmDatastore", "isoDatastore", "bridge", "cpuType", "tags"))
+    s = r.section(raw, "proxmox", ("node", "vmDatastore", "isoDatastore", "isoDatastoreShared", "bridge", "cpuType",
+                                   "tags"))
     return ProxmoxSettings(
         node=r.value(s, "node", "proxmox.node", _matching(_PROXMOX_NODE),
                      "is not a Proxmox node name (expected e.g. pve)"),
@@ -499,6 +504,8 @@ def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
         tags=r.value(s, "tags", "proxmox.tags", _list_of(_matching(_PROXMOX_TAG)),
                      "is not a list of Proxmox tags (letters, digits, '_', '-', '+', '.'; not starting with "
                      "'-', '+' or '.')", default=()),
+        iso_datastore_shared=r.value(s, "isoDatastoreShared", "proxmox.isoDatastoreShared", _bool,
+                                     "is not true or false", default=False),
     )
 
 
@@ -549,7 +556,8 @@ def _factory_url(v: Any) -> str:
 def _read_cluster(r: _Reader, raw: Any) -> dict:
     s = r.section(raw, "cluster", (
         "name", "endpoint", "vip", "talosVersion", "kubernetesVersion", "podSubnets", "serviceSubnets",
-        "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile"))
+        "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile",
+        "systemDiskEncryption"))
     ks = r.section(s.get("kubespan"), "cluster.kubespan", ("enabled", "mtu", "advertiseKubernetesNetworks"))
     role_patches_raw = r.section(s.get("rolePatches"), "cluster.rolePatches", ROLES)
     return dict(
@@ -585,6 +593,9 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
         patches=_patches(r, s.get("patches"), "cluster.patches"),
         role_patches={role: _patches(r, role_patches_raw.get(role), f"cluster.rolePatches.{role}") for role in ROLES},
         secrets_file=r.value(s, "secretsFile", "cluster.secretsFile", _string, "is not a file path", default=None),
+        system_disk_encryption=r.value(s, "systemDiskEncryption", "cluster.systemDiskEncryption",
+                                       _one_of("none", "tpm"), "is not a disk encryption (expected none or tpm)",
+                                       default="none"),
     )
 
 
@@ -734,7 +745,7 @@ def _check_data_disk(r: _Reader, disk: DataDisk, path: str, install_disk: Option
 
 
 def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
-    s = r.section(raw, "cilium", ("enabled", "version", "repository", "values"))
+    s = r.section(raw, "cilium", ("enabled", "version", "repository", "values", "loadBalancerAddresses"))
     return CiliumSettings(
         enabled=r.value(s, "enabled", "cilium.enabled", _bool, "is not true or false", default=True),
         version=r.value(s, "version", "cilium.version", _version, "is not a chart version (expected e.g. 1.19.6)",
@@ -742,7 +753,29 @@ def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
         repository=r.value(s, "repository", "cilium.repository", _factory_url, "is not an http(s) chart repository URL",
                            default="https://helm.cilium.io"),
         values=r.value(s, "values", "cilium.values", _mapping, "is not a mapping of Helm values", default={}),
+        load_balancer_addresses=r.value(s, "loadBalancerAddresses", "cilium.loadBalancerAddresses",
+                                        _list_of(_address_block), "is not a list of CIDRs or start-stop address "
+                                        "ranges (expected e.g. [10.10.0.60/30] or [10.10.0.60-10.10.0.69])",
+                                        default=()),
     )
+
+
+def address_block_range(block: str) -> tuple[Any, Any]:
+    """First and last address of a CIDR (10.10.0.60/30) or a range (10.10.0.60-10.10.0.69)."""
+    if "-" in block:
+        start, stop = (ipaddress.ip_address(part.strip()) for part in block.split("-", 1))
+        return start, stop
+    net = ipaddress.ip_network(block, strict=True)
+    return net.network_address, net.broadcast_address
+
+
+def _address_block(v: Any) -> str:
+    if not isinstance(v, str):
+        raise TypeError
+    start, stop = address_block_range(v)
+    if start.version != stop.version or start > stop:
+        raise ValueError
+    return v
 
 
 def _read_hubble(r: _Reader, raw: Any) -> HubbleSettings:
@@ -881,6 +914,39 @@ def _endpoint_and_vip(r: _Reader, cluster: dict, nodes: list[NodeSettings],
             cluster["endpoint"] = f"https://{host}:6443"
 
 
+def _check_load_balancer(r: _Reader, cluster: dict, nodes: list[NodeSettings], cilium: CiliumSettings,
+                         hubble: HubbleSettings) -> None:
+    """A LoadBalancer Service needs addresses: Cilium's LB-IPAM pool, announced over L2 in the nodes' subnet."""
+    blocks = cilium.load_balancer_addresses or ()
+    if hubble.enabled and hubble.ui and hubble.ui_service_type == "LoadBalancer" and not blocks:
+        r.report("hubble.uiServiceType", "'LoadBalancer' needs cilium.loadBalancerAddresses (nothing else gives "
+                                         "the Service an address; Helm would wait for one, then uninstall Cilium)")
+    if blocks and not cilium.enabled:
+        r.report("cilium.loadBalancerAddresses", "needs cilium.enabled: true (the pool is Cilium's LB-IPAM)")
+    networks = {ipaddress.ip_interface(n.address).network for n in nodes if n.ip and n.prefix is not None}
+    taken = {n.ip: f"nodes[{i}].ip" for i, n in enumerate(nodes) if n.ip}
+    taken.update({n.gateway: "the gateway" for n in nodes if n.gateway})
+    if cluster["vip"]:
+        taken[cluster["vip"]] = "cluster.vip"
+    for i, block in enumerate(blocks):
+        key = f"cilium.loadBalancerAddresses[{i}]"
+        start, stop = address_block_range(block)
+        if not any(start in net and stop in net for net in networks):
+            r.fail(key, block, "is outside the nodes' subnet (L2 announcements answer ARP only there)")
+            continue
+        clash = next((who for ip, who in taken.items() if start <= ipaddress.ip_address(ip) <= stop), None)
+        if clash is not None:
+            r.fail(key, block, f"includes {clash} (expected addresses no node, VIP or gateway uses)")
+        elif any(_is_network_or_broadcast(str(a), net) for net in networks for a in (start, stop) if a in net):
+            r.fail(key, block, "includes the subnet's network or broadcast address")
+
+
+def _check_boot(r: _Reader, cluster: dict, image: ImageSettings) -> None:
+    if cluster["system_disk_encryption"] == "tpm" and not image.secure_boot:
+        r.report("cluster.systemDiskEncryption", "'tpm' needs image.secureBoot: true (the key is sealed to the "
+                                                 "Secure Boot state, PCR 7)")
+
+
 def _kubernetes_version(r: _Reader, cluster: dict) -> None:
     """Default to what `talosctl gen config` of the Talos line picks; refuse what that line does not support."""
     talos = cluster["talos_version"]
@@ -943,6 +1009,7 @@ def _check_addons(r: _Reader, raw: Mapping[str, Any], cluster: dict, nodes: list
             elif 2 ** (mask - net.prefixlen) < len(nodes):
                 r.fail(f"ccm.nodeIpam.{key}", mask, f"leaves room for {2 ** (mask - net.prefixlen)} node "
                                                     f"range(s) in {net}, fewer than the {len(nodes)} nodes")
+    _check_load_balancer(r, cluster, nodes, cilium, hubble)
     control_planes = sum(1 for n in nodes if n.role == "controlplane")
     if ccm.enabled and ccm.replicas and control_planes and ccm.replicas > control_planes:
         r.warn("ccm.replicas", ccm.replicas, f"is more than the {control_planes} control planes the CCM runs on; "
@@ -981,6 +1048,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     health = _read_health(r, raw.get("health"))
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
+    _check_boot(r, cluster, image)
     if r.problems:
         raise SettingsError(r.problems)
     return Settings(
