@@ -129,16 +129,22 @@ def wait_healthy(client: TalosClient, node: RollNode, *, expected_tag: Optional[
                  backoff: Backoff = DEFAULT_BACKOFF, sleep=time.sleep, clock=time.monotonic) -> None:
     """Poll `health_problems` until there are none; raise RollError naming the last problem at the deadline."""
 
+    seen: list[str] = []  # the last health finding: a later timeout of one call must not hide it
+
     def check(remaining: float) -> None:
         problems = health_problems(client, node, expected_tag, min(CALL_TIMEOUT, remaining))
         if problems:
-            raise NodeNotHealthy("; ".join(problems))
+            seen[:] = ["; ".join(problems)]
+            raise NodeNotHealthy(seen[0])
 
     try:
         call_with_retry(check, timeout=timeout, what=f"wait for {node.name} to be healthy", backoff=backoff,
                         retry_if=_retry_while_waiting, sleep=sleep, clock=clock)
     except GaveUp as exc:
-        raise RollError(node, f"not healthy after {timeout:g}s: {exc.last_error}") from None
+        last = str(exc.last_error)
+        if seen and last != seen[0]:
+            last = f"{seen[0]} (then: {last})"
+        raise RollError(node, f"not healthy after {timeout:g}s: {last}") from None
     except errors.TalosApiError as exc:
         raise RollError(node, f"health check failed: {exc}") from None
 
