@@ -371,7 +371,10 @@ class FakeTalosNode:
         return request, metadata
 
     def _targets(self, metadata) -> list[str | None]:
-        return metadata.get("nodes") or metadata.get("node") or [None]
+        """Who each reply part is from, as apid marks it: only a `nodes` call is proxied and fanned out
+        with metadata.hostname set per node; a `node` call goes to that one node, whose own reply
+        leaves the metadata empty, as does a call without either header."""
+        return metadata.get("nodes") or [None]
 
     def _serve_unary(self, rpc, request_class, raw, context):
         request, metadata = self._prepare(rpc, request_class, raw, context)
