@@ -45,6 +45,9 @@ def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", down
             fake.services = [s for s in fake.services if s.id != "etcd"]
         fakes[name] = fake
         nodes[name] = RollNode(name=name, address=address, role=role, endpoint=fake.endpoint)
+    peers = {address: fakes[name] for name, address, _ in layout}
+    for fake in fakes.values():
+        fake.peers = peers  # a call naming another node's address is answered by it, as apid proxies
     return nodes, fakes
 
 

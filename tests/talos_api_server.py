@@ -54,11 +54,13 @@ from talos_proxmox.talos_config import pki, client_config, secrets_bundle
 from talos_proxmox.talos_api import tls_bridge
 from talos_proxmox.talos_api.client import ClientCredentials
 from talos_proxmox.talos_api.generated.common import common_pb2
+from talos_proxmox.talos_api.generated.cosi import resource_pb2
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 
 SERVICE = machine_pb2.DESCRIPTOR.services_by_name["MachineService"]
+STATE_SERVICE = resource_pb2.DESCRIPTOR.services_by_name["State"]
 MAINTENANCE_RPCS = {"ApplyConfiguration", "Version"}
-READER_RPCS = {"Version", "ServiceList", "EtcdMemberList"}
+READER_RPCS = {"Version", "ServiceList", "EtcdMemberList", "Get"}
 Mode = machine_pb2.ApplyConfigurationRequest
 
 
@@ -135,6 +137,10 @@ def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredential
     return ClientCredentials(ca_pem=secrets_bundle.ca_pair(bundle, "os")[0], cert_pem=cert, key_pem=key)
 
 
+class _PeerDown(Exception):
+    """The proxied-to node is down: apid answers UNAVAILABLE for it."""
+
+
 class FakeTalosNode:
     def __init__(
         self,
@@ -166,7 +172,13 @@ class FakeTalosNode:
         self.services = [machine_pb2.ServiceInfo(id=name, state="Running",
                                                  health=machine_pb2.ServiceHealth(healthy=True))
                          for name in ("apid", "etcd", "kubelet", "machined", "trustd")]
+        # The MachineStatus resource: boot stage, and whether every boot condition is met.
+        self.machine_stage = "running"
+        self.unmet_conditions: list[dict] = []
         self.calls: list[RecordedCall] = []
+        # Other nodes of a stand-in cluster by address: a `node` call naming one is answered by it, as
+        # apid proxies it (tests.day_two.stand_in_cluster fills this).
+        self.peers: dict[str, "FakeTalosNode"] = {}
         self.delays: dict[str, float] = {}
         self.behaviours: dict[str, Callable] = {}
         self._failures: dict[str, list[tuple[grpc.StatusCode, str]]] = {}
@@ -188,7 +200,7 @@ class FakeTalosNode:
             ip_addresses=[host], key_type="ed25519", server=True)
 
         self._backend = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        self._backend.add_generic_rpc_handlers((self._handlers(),))
+        self._backend.add_generic_rpc_handlers(self._handlers())
         self._backend_port = self._backend.add_insecure_port("127.0.0.1:0")
         self._backend.start()
 
@@ -250,6 +262,10 @@ class FakeTalosNode:
         self.port = listener.getsockname()[1]
         self._listener = listener
         threading.Thread(target=self._accept_loop, args=(listener, context), daemon=True).start()
+
+    @property
+    def is_up(self) -> bool:
+        return self._listener is not None
 
     def go_down(self) -> None:
         """Stop listening and drop open connections, as a powered-off node would."""
@@ -330,20 +346,23 @@ class FakeTalosNode:
 
     # --- gRPC service --------------------------------------------------------------------------
 
-    def _handlers(self) -> grpc.GenericRpcHandler:
-        handlers = {}
-        for method in SERVICE.methods:
-            request_class = message_factory.GetMessageClass(method.input_type)
-            serve = self._serve_unary if not method.server_streaming else self._serve_stream
-            handler = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                       else grpc.unary_unary_rpc_method_handler)
-            # request_deserializer=None hands us the raw request bytes, which tests inspect.
-            handlers[method.name] = handler(
-                self._bind(serve, method.name, request_class),
-                request_deserializer=None,
-                response_serializer=_serialize,
-            )
-        return grpc.method_handlers_generic_handler(SERVICE.full_name, handlers)
+    def _handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
+        generic = []
+        for service in (SERVICE, STATE_SERVICE):
+            handlers = {}
+            for method in service.methods:
+                request_class = message_factory.GetMessageClass(method.input_type)
+                serve = self._serve_unary if not method.server_streaming else self._serve_stream
+                handler = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                           else grpc.unary_unary_rpc_method_handler)
+                # request_deserializer=None hands us the raw request bytes, which tests inspect.
+                handlers[method.name] = handler(
+                    self._bind(serve, method.name, request_class),
+                    request_deserializer=None,
+                    response_serializer=_serialize,
+                )
+            generic.append(grpc.method_handlers_generic_handler(service.full_name, handlers))
+        return tuple(generic)
 
     @staticmethod
     def _bind(serve, rpc, request_class):
@@ -376,14 +395,25 @@ class FakeTalosNode:
         leaves the metadata empty, as does a call without either header."""
         return metadata.get("nodes") or [None]
 
+    def _answering(self, metadata) -> "FakeTalosNode":
+        target = (metadata.get("node") or [None])[0]
+        peer = self.peers.get(target) if target else None
+        if peer is not None and peer is not self and not peer.is_up:
+            raise _PeerDown(target)
+        return peer or self
+
     def _serve_unary(self, rpc, request_class, raw, context):
         request, metadata = self._prepare(rpc, request_class, raw, context)
-        behaviour = self.behaviours.get(rpc) or getattr(self, f"_rpc_{rpc}")
-        reply = behaviour(self, request, context) if rpc in self.behaviours else behaviour(request, context)
+        try:
+            node = self._answering(metadata)
+        except _PeerDown as down:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"error proxying to {down}: connection refused")
+        behaviour = node.behaviours.get(rpc) or getattr(node, f"_rpc_{rpc}")
+        reply = behaviour(node, request, context) if rpc in node.behaviours else behaviour(request, context)
         if isinstance(reply, bytes):  # a behaviour may answer with hand-encoded bytes
             return reply
         # apid fills in which node each part of a proxied reply came from.
-        template = reply.messages[0] if len(reply.messages) else None
+        template = reply.messages[0] if hasattr(reply, "messages") and len(reply.messages) else None
         if template is not None:
             del reply.messages[:]
             for target in self._targets(metadata):
@@ -404,6 +434,18 @@ class FakeTalosNode:
             yield chunk
 
     # --- default behaviour of each RPC, after Talos --------------------------------------------
+
+    def _rpc_Get(self, request, context):
+        """COSI State.Get; this stand-in has the MachineStatus resource only."""
+        if (request.namespace, request.type, request.id) != ("runtime", "MachineStatuses.runtime.talos.dev", "machine"):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"resource {request.type}/{request.id} doesn't exist")
+        spec = {"stage": self.machine_stage, "status": {
+            "ready": self.machine_stage == "running" and not self.unmet_conditions,
+            "unmetConditions": list(self.unmet_conditions)}}
+        return resource_pb2.GetResponse(resource=resource_pb2.Resource(
+            metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=request.id,
+                                           version="3", phase="running"),
+            spec=resource_pb2.Spec(yaml_spec=yaml.safe_dump(spec))))
 
     def _rpc_Version(self, request, context):
         return machine_pb2.VersionResponse(messages=[machine_pb2.Version(

@@ -90,7 +90,13 @@ def test_installer_image_change_upgrades_the_node_and_waits_for_it(pair):
     assert upgrade.request.image == image
     assert fakes["cp-1"].version_tag == NEW
     assert fakes["cp-1"].calls_for("ApplyConfiguration") == []
-    assert fakes["cp-1"].calls[-1].rpc == "EtcdMemberList"  # the last health check, after the reboot
+    # The last health check, after the reboot: the node (apid, boot status, services), then etcd as the
+    # node and each member it lists (cp-1, cp-2: asked through cp-1's apid) see it.
+    assert [(c.rpc, c.metadata.get("node")) for c in fakes["cp-1"].calls[-8:]] == [
+        ("Version", ["10.5.0.1"]), ("Get", ["10.5.0.1"]), ("ServiceList", ["10.5.0.1"]),
+        ("EtcdMemberList", ["10.5.0.1"]),
+        ("EtcdMemberList", ["10.5.0.1"]), ("ServiceList", ["10.5.0.1"]),
+        ("EtcdMemberList", ["10.5.0.2"]), ("ServiceList", ["10.5.0.2"])]
     assert fakes["cp-2"].calls == []
 
 

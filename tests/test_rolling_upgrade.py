@@ -114,7 +114,9 @@ def test_an_unhealthy_node_is_not_upgraded(cluster, credentials):
     cp1 = next(n for n in nodes if n.name == "cp-1")
     fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname != "cp-1"]
     with _client(credentials, cp1) as client:
-        assert health_problems(client, cp1) == ["is not in the etcd member list (no member URL on 10.5.0.1)"]
+        assert health_problems(client, cp1) == [
+            "etcd member on cp-1: no member has a URL on 10.5.0.1",
+            "etcd members consistent on cp-2: lists members [101, 102], cp-1 lists [102]"]
         with pytest.raises(RollError, match="cp-1 .*not healthy after"):
             upgrade_node(client, cp1, IMAGE, talos_version=NEW, timeout=5, preflight_timeout=0.5, backoff=FAST)
     assert fakes["cp-1"].calls_for("Upgrade") == []

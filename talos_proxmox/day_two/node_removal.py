@@ -22,8 +22,8 @@ from talos_proxmox.day_two.rolling import (
     Event,
     NodeNotHealthy,
     RollNode,
-    etcd_member_of,
 )
+from talos_proxmox.day_two.talos_health import etcd_member_of
 from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry

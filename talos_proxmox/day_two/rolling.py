@@ -19,13 +19,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
-from urllib.parse import urlsplit
 
+from talos_proxmox.day_two import talos_health
 from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
 
-REQUIRED_SERVICES = {"controlplane": ("apid", "etcd", "kubelet"), "worker": ("apid", "kubelet")}
+REQUIRED_SERVICES = talos_health.REQUIRED_SERVICES
 DEFAULT_BACKOFF = Backoff(initial=2.0, factor=1.5, maximum=10.0)
 CALL_TIMEOUT = 30.0  # one RPC; the step's timeout bounds the whole wait
 PREFLIGHT_TIMEOUT = 120.0
@@ -79,46 +79,15 @@ def _first(reply):
     return reply.messages[0] if reply.messages else None
 
 
-def _hosts(urls: Iterable[str]) -> set[str]:
-    return {urlsplit(url).hostname or "" for url in urls}
-
-
-def etcd_member_of(members, address: str):
-    """The etcd member whose peer or client URLs are on `address` (etcd names are not chosen by us)."""
-    host = address.strip("[]")
-    for member in members:
-        if host in _hosts(member.peer_urls) | _hosts(member.client_urls):
-            return member
-    return None
-
-
 def health_problems(client: TalosClient, node: RollNode, expected_tag: Optional[str] = None,
                     call_timeout: float = CALL_TIMEOUT) -> list[str]:
-    """What keeps the node from being healthy right now (empty: healthy). Transport errors propagate."""
-    problems = []
-    version = _first(client.version(timeout=call_timeout))
-    tag = version.version.tag if version is not None else ""
-    if expected_tag and tag != expected_tag:
-        problems.append(f"reports Talos {tag or 'no version'}, expected {expected_tag}")
-    listing = _first(client.service_list(timeout=call_timeout))
-    services = {s.id: s for s in listing.services} if listing is not None else {}
-    for name in REQUIRED_SERVICES[node.role]:
-        service = services.get(name)
-        if service is None:
-            problems.append(f"service {name} is not listed")
-        elif service.state != "Running":
-            problems.append(f"service {name} is {service.state or 'in no state'}")
-        elif not (service.health.healthy or service.health.unknown):
-            detail = service.health.last_message
-            problems.append(f"service {name} is unhealthy" + (f" ({detail})" if detail else ""))
+    """What keeps the node from being healthy right now (empty: healthy), as talos_health checks it;
+    for a control plane also the whole etcd cluster. Transport errors propagate."""
+    problems = talos_health.node_problems(client, node.name, node.address, node.role, expected_tag=expected_tag,
+                                          timeout=call_timeout)
     if node.role == "controlplane":
-        members = _first(client.etcd_member_list(timeout=call_timeout))
-        member = etcd_member_of(members.members if members is not None else (), node.address)
-        if member is None:
-            problems.append(f"is not in the etcd member list (no member URL on {node.address})")
-        elif member.is_learner:
-            problems.append("is still an etcd learner")
-    return problems
+        problems += talos_health.etcd_problems(client, node.name, node.address, timeout=call_timeout)
+    return [str(p) for p in problems]
 
 
 def _retry_while_waiting(error: BaseException) -> bool:

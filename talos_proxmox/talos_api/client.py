@@ -30,6 +30,7 @@ from google.protobuf import empty_pb2
 from talos_proxmox.talos_config import pki
 
 from . import errors, tls_bridge
+from .generated.cosi import resource_pb2, resource_pb2_grpc
 from .generated.machine import machine_pb2, machine_pb2_grpc
 
 TALOS_API_PORT = 50000
@@ -125,6 +126,10 @@ def read_talosconfig(talosconfig: str | Mapping, context: str | None = None) -> 
     )
 
 
+# (namespace, type, id) of the machine's boot status (pkg/machinery/resources/runtime/machine_status.go).
+MACHINE_STATUS = ("runtime", "MachineStatuses.runtime.talos.dev", "machine")
+
+
 class _Connection:
     """One endpoint: its TLS bridge and the gRPC channel through it."""
 
@@ -135,6 +140,7 @@ class _Connection:
         options = _CHANNEL_OPTIONS + [("grpc.default_authority", self.endpoint)]
         self.channel = grpc.insecure_channel(self.bridge.address, options=options)
         self.stub = machine_pb2_grpc.MachineServiceStub(self.channel)
+        self.state = resource_pb2_grpc.StateStub(self.channel)  # COSI resources, as `talosctl get` reads them
 
     def close(self) -> None:
         self.channel.close()
@@ -236,7 +242,7 @@ class TalosClient:
             return [("node", node)]
         return [("nodes", n) for n in nodes or ()]
 
-    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False):
+    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False, resources: bool = False):
         metadata = self._metadata(node, nodes)
         timeout = self.timeout if timeout is None else timeout
         start = self._current
@@ -244,7 +250,7 @@ class TalosClient:
         for step in range(len(self.endpoints)):
             index = (start + step) % len(self.endpoints)
             connection = self._connection(index)
-            method = getattr(connection.stub, rpc)
+            method = getattr(connection.state if resources else connection.stub, rpc)
             try:
                 if stream:
                     reply = list(method(request, timeout=timeout, metadata=metadata))
@@ -260,7 +266,8 @@ class TalosClient:
                     continue
                 raise error from None
             self._current = index
-            messages = reply if stream else reply.messages
+            # COSI replies carry no per-node metadata: a failure is the call's own status.
+            messages = [] if resources else reply if stream else reply.messages
             failed = errors.node_errors(connection.endpoint, rpc, messages)
             if failed is not None:
                 raise failed
@@ -272,6 +279,20 @@ class TalosClient:
         raise last
 
     # --- RPCs ----------------------------------------------------------------------------------
+
+    def get_resource(self, namespace: str, type_: str, id_: str, *, timeout=None,
+                     node=None) -> resource_pb2.Resource:
+        """One COSI resource of one node (`talosctl get <type> <id>`); NOT_FOUND raises."""
+        request = resource_pb2.GetRequest(namespace=namespace, type=type_, id=id_)
+        return self._call("Get", request, timeout=timeout, node=node, nodes=None, resources=True).resource
+
+    def machine_status(self, *, timeout=None, node=None) -> dict:
+        """The node's MachineStatus spec: `stage` (booting, running, ...) and `status.ready` with its
+        unmet conditions — what `talosctl health` reads to see the boot sequence finished."""
+        resource = self.get_resource(MACHINE_STATUS[0], MACHINE_STATUS[1], MACHINE_STATUS[2], timeout=timeout,
+                                     node=node)
+        spec = yaml.safe_load(resource.spec.yaml_spec or "") or {}
+        return spec if isinstance(spec, dict) else {}
 
     def version(self, *, timeout=None, node=None, nodes=None) -> machine_pb2.VersionResponse:
         return self._call("Version", empty_pb2.Empty(), timeout=timeout, node=node, nodes=nodes)
