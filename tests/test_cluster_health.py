@@ -25,14 +25,37 @@ from talos_proxmox.talos_config.pki import b64_pem, issue_certificate, new_ca, t
 from talos_proxmox.talos_api.tls_bridge import load_cert_chain
 
 NODES_PATH = "/api/v1/nodes"
+PODS_PATH = "/api/v1/namespaces/kube-system/pods"
+DAEMONSETS_PATH = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 COREDNS_PATH = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"
 
 
-def node(name, ready, reason=None, message=None):
+def node(name, ready, reason=None, message=None, control_plane=None):
+    """A Node; names starting with master/cp (or control_plane=True) carry the control-plane role label."""
     condition = {"type": "Ready", "status": "True" if ready else "False"}
     if reason:
         condition.update(reason=reason, message=message)
-    return {"metadata": {"name": name}, "status": {"conditions": [condition]}}
+    is_cp = control_plane if control_plane is not None else ("master" in name or "cp-" in name)
+    labels = {"node-role.kubernetes.io/control-plane": ""} if is_cp else {}
+    return {"metadata": {"name": name, "labels": labels}, "spec": {}, "status": {"conditions": [condition]}}
+
+
+def static_pods(nodes, phase="Running", ready=True):
+    """The three control-plane static pods of each control-plane node, as Talos runs them."""
+    items = []
+    for n in nodes:
+        if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"]:
+            continue
+        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
+            items.append({"metadata": {"name": f"{component}-{n['metadata']['name']}", "labels": {"k8s-app": component}},
+                          "spec": {"nodeName": n["metadata"]["name"]},
+                          "status": {"phase": phase, "conditions": [{"type": "Ready", "status": str(ready)}]}})
+    return {"kind": "PodList", "items": items}
+
+
+def daemonsets(name="cilium", desired=2, ready=2):
+    return {"kind": "DaemonSetList", "items": [
+        {"metadata": {"name": name}, "status": {"desiredNumberScheduled": desired, "numberReady": ready}}]}
 
 
 def coredns(available, replicas=2):
@@ -47,8 +70,10 @@ NOT_READY = node("worker-1", False, "KubeletNotReady", "container runtime networ
 class StandInApi:
     """The far side only: an HTTPS server with the cluster CA's certificate, requiring a client cert.
 
-    `states` is a list of (nodes, coredns deployment or None) served in turn, one per poll; the last
-    one repeats. Requests are recorded with the client certificate's subject.
+    `states` is a list of (nodes, coredns deployment or None[, pods, daemonsets]) served in turn, one per
+    poll; the last one repeats. Without pods and daemonsets, each control plane's static pods and a
+    Cilium DaemonSet over every node are served healthy. Requests are recorded with the client
+    certificate's subject.
     """
 
     def __init__(self, states, token=None):
@@ -79,9 +104,16 @@ class StandInApi:
                 api.requests.append((self.path, subject.get("organizationName", "")))
                 if api.token is not None and self.headers.get("Authorization") != f"Bearer {api.token}":
                     return self._send(401, {"kind": "Status", "reason": "Unauthorized"})
-                nodes, deployment = api.states[min(api.polls, len(api.states) - 1)]
+                state = api.states[min(api.polls, len(api.states) - 1)]
+                nodes, deployment = state[:2]
+                pods = state[2] if len(state) > 2 else static_pods(nodes)
+                sets = state[3] if len(state) > 3 else daemonsets(desired=len(nodes), ready=len(nodes))
                 if self.path == NODES_PATH:
                     return self._send(200, {"kind": "NodeList", "items": nodes})
+                if self.path == PODS_PATH:
+                    return self._send(200, pods)
+                if self.path == DAEMONSETS_PATH:
+                    return self._send(200, sets)
                 if self.path == COREDNS_PATH:
                     api.polls += 1  # the second read of a poll
                     return self._send(404, {}) if deployment is None else self._send(200, deployment)
@@ -146,7 +178,7 @@ def test_waits_until_nodes_ready_and_coredns_available(stand_in):
     polls = wait_for_health(KubeApi(read_kubeconfig(api.kubeconfig())), expected_nodes=2, timeout_seconds=30,
                             poll_seconds=0.01)
     assert polls == 3
-    assert set(api.requests) == {(NODES_PATH, "system:masters"), (COREDNS_PATH, "system:masters")}
+    assert set(api.requests) == {(path, "system:masters") for path in (NODES_PATH, PODS_PATH, DAEMONSETS_PATH, COREDNS_PATH)}
 
 
 def test_timeout_names_what_is_still_wrong(stand_in):
@@ -240,3 +272,87 @@ def test_provider_waits_on_create_and_on_trigger_changes_only(stand_in):
     failing = stand_in([([NOT_READY], coredns(0))])
     with pytest.raises(ClusterNotHealthy):
         provider.create({**props, "kubeconfig": failing.kubeconfig(), "expected_nodes": 1, "timeout_seconds": 0.1})
+
+
+CLUSTER = [node("master-1", True), node("master-2", True), node("worker-1", True)]
+
+
+def _problems_from(stand_in, state):
+    """What one poll of the stand-in API in `state` finds, through the real client and checks."""
+    from talos_proxmox.day_two.cluster_health import cluster_problems
+
+    api = stand_in([state])
+    return cluster_problems(KubeApi(read_kubeconfig(api.kubeconfig())), expected_nodes=3)
+
+
+def _cluster():
+    return [dict(n, spec=dict(n["spec"])) for n in CLUSTER]
+
+
+def test_one_condition_at_a_time_healthy_first(stand_in):
+    assert _problems_from(stand_in, (CLUSTER, coredns(2))) == []
+
+
+def test_a_node_that_has_not_registered(stand_in):
+    assert _problems_from(stand_in, (CLUSTER[:2], coredns(2), static_pods(CLUSTER[:2]), daemonsets(desired=2))) == [
+        "2 of 3 expected nodes registered"]
+
+
+def test_a_node_not_ready(stand_in):
+    nodes = CLUSTER[:2] + [NOT_READY]
+    assert _problems_from(stand_in, (nodes, coredns(2))) == [
+        "node worker-1 is not Ready (KubeletNotReady: container runtime network not ready: cni plugin not initialized)"]
+
+
+def test_a_cordoned_node(stand_in):
+    nodes = _cluster()
+    nodes[2]["spec"]["unschedulable"] = True
+    assert _problems_from(stand_in, (nodes, coredns(2))) == ["node worker-1 is not schedulable (cordoned)"]
+
+
+def test_a_static_pod_missing(stand_in):
+    pods = static_pods(CLUSTER)
+    pods["items"] = [p for p in pods["items"] if p["metadata"]["name"] != "kube-scheduler-master-2"]
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), pods, daemonsets(desired=3, ready=3))) == [
+        "static pod kube-scheduler on master-2: not found"]
+
+
+def test_a_control_plane_component_not_ready(stand_in):
+    pods = static_pods(CLUSTER)
+    apiserver = next(p for p in pods["items"] if p["metadata"]["name"] == "kube-apiserver-master-1")
+    apiserver["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}]
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), pods, daemonsets(desired=3, ready=3))) == [
+        "static pod kube-apiserver on master-1: Running but not Ready (ContainersNotReady)"]
+
+
+def test_a_static_pod_not_running(stand_in):
+    pods = static_pods(CLUSTER)
+    next(p for p in pods["items"] if p["metadata"]["name"] == "kube-controller-manager-master-2")["status"]["phase"] = "Pending"
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), pods, daemonsets(desired=3, ready=3))) == [
+        "static pod kube-controller-manager on master-2: Pending"]
+
+
+def test_no_control_plane_labelled(stand_in):
+    nodes = [node(n["metadata"]["name"], True, control_plane=False) for n in CLUSTER]
+    assert _problems_from(stand_in, (nodes, coredns(2), static_pods(nodes), daemonsets(desired=3, ready=3))) == [
+        "no node has the node-role.kubernetes.io/control-plane label yet"]
+
+
+def test_the_kube_proxy_replacement_not_ready_everywhere(stand_in):
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), static_pods(CLUSTER), daemonsets(desired=3, ready=2))) == [
+        "cilium (kube-proxy replacement): 2 of 3 pods ready"]
+
+
+def test_kube_proxy_itself_when_it_runs(stand_in):
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), static_pods(CLUSTER),
+                                     daemonsets("kube-proxy", desired=3, ready=0))) == [
+        "kube-proxy: 0 of 3 pods ready"]
+
+
+def test_neither_kube_proxy_nor_a_replacement(stand_in):
+    assert _problems_from(stand_in, (CLUSTER, coredns(2), static_pods(CLUSTER), {"items": []})) == [
+        "kube-proxy or its replacement: neither DaemonSet (kube-proxy, cilium) found yet"]
+
+
+def test_coredns_not_available(stand_in):
+    assert _problems_from(stand_in, (CLUSTER, coredns(0))) == ["CoreDNS (kube-system/coredns): 0 of 2 replicas available"]

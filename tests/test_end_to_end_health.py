@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e_engine import e2e_cluster, e2e_config
-from tests.test_cluster_health import COREDNS_PATH, NODES_PATH, NOT_READY, StandInApi, coredns, node
+from tests.test_cluster_health import COREDNS_PATH, DAEMONSETS_PATH, NODES_PATH, PODS_PATH, NOT_READY, StandInApi, coredns, node
 
 NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-worker-1", "worker", "127.0.0.3")]
 TALOS = "v1.13.7"
@@ -48,7 +48,7 @@ def test_first_up_waits_for_nodes_ready_and_coredns_then_succeeds(healthy):
     assert ("health", "create") in {(s.name, s.op) for s in up.monitor.steps}
     assert {(s.name, s.op) for s in up.monitor.steps} == {(s.name, s.op) for s in up.plan.steps}
     assert api.polls == 2  # not Ready at first: it polled again
-    assert api.requests == [(NODES_PATH, "system:masters"), (COREDNS_PATH, "system:masters")] * 2
+    assert api.requests == [(path, "system:masters") for path in (NODES_PATH, PODS_PATH, DAEMONSETS_PATH, COREDNS_PATH)] * 2
     assert up.monitor.state_named("health").outputs["server"] == api.server
     # the wait comes after the cluster exists: bootstrap and kubeconfig were made first
     made = [s.name for s in up.monitor.steps]

@@ -1,7 +1,10 @@
-"""Is the cluster healthy? Every expected node Ready and CoreDNS available, asked of the Kubernetes API.
+"""Is the cluster healthy? Asked of the Kubernetes API, at the bar `talosctl health` sets for it:
+every expected node registered, Ready and schedulable; on every control plane the static pods
+kube-apiserver, kube-controller-manager and kube-scheduler running and ready; kube-proxy, or Cilium as
+its replacement, ready on every node it runs on; CoreDNS available.
 
-`wait_for_health` polls until both hold or the timeout passes, then raises `ClusterNotHealthy` naming
-what was still wrong on the last poll. The API is reached with the cluster's admin kubeconfig
+`wait_for_health` polls until all hold or the timeout passes, then raises `ClusterNotHealthy` naming
+what was still wrong on the last poll (check, node, what was seen). The API is reached with the cluster's admin kubeconfig
 (server, CA, client certificate or token) over Python's ssl; the check functions take the API's JSON
 so they are testable on their own. No Pulumi import here.
 """
@@ -22,6 +25,12 @@ from talos_proxmox.talos_config.pki import PKIError, pem_from_b64, standard_key_
 from talos_proxmox.talos_api.tls_bridge import load_cert_chain
 
 COREDNS_NAMESPACE = "kube-system"
+SYSTEM_NAMESPACE = "kube-system"
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+# Talos's static pods, labelled k8s-app=<component> and bound to their node.
+CONTROL_PLANE_COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# kube-proxy, or with Cilium's kube-proxy replacement the Cilium agent, on every node.
+PROXY_DAEMONSETS = ("kube-proxy", "cilium")
 COREDNS_DEPLOYMENT = "coredns"
 DEFAULT_POLL_SECONDS = 5.0
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -166,7 +175,50 @@ def node_problems(node_list: Optional[Mapping], expected_nodes: int) -> list[str
         elif ready.get("status") != "True":
             why = ": ".join(x for x in (ready.get("reason"), ready.get("message")) if x)
             problems.append(f"node {name} is not Ready" + (f" ({why})" if why else ""))
+        if (node.get("spec") or {}).get("unschedulable"):
+            problems.append(f"node {name} is not schedulable (cordoned)")
     return problems
+
+
+def control_plane_pod_problems(node_list: Optional[Mapping], pod_list: Optional[Mapping]) -> list[str]:
+    """Each control plane's static pods (apiserver, controller-manager, scheduler): present, Running, Ready."""
+    nodes = (node_list or {}).get("items") or []
+    control_planes = [(n.get("metadata") or {}).get("name", "?") for n in nodes
+                      if CONTROL_PLANE_LABEL in ((n.get("metadata") or {}).get("labels") or {})]
+    if nodes and not control_planes:
+        return [f"no node has the {CONTROL_PLANE_LABEL} label yet"]
+    pods = (pod_list or {}).get("items") or []
+    problems = []
+    for node in control_planes:
+        for component in CONTROL_PLANE_COMPONENTS:
+            pod = next((p for p in pods if (p.get("spec") or {}).get("nodeName") == node
+                        and ((p.get("metadata") or {}).get("labels") or {}).get("k8s-app") == component), None)
+            where = f"static pod {component} on {node}"
+            if pod is None:
+                problems.append(f"{where}: not found")
+                continue
+            phase = (pod.get("status") or {}).get("phase") or "Unknown"
+            ready = _condition(pod, "Ready")
+            if phase != "Running":
+                problems.append(f"{where}: {phase}")
+            elif ready is None or ready.get("status") != "True":
+                why = (ready or {}).get("reason")
+                problems.append(f"{where}: Running but not Ready" + (f" ({why})" if why else ""))
+    return problems
+
+
+def proxy_problems(daemonset_list: Optional[Mapping]) -> list[str]:
+    """kube-proxy, or Cilium replacing it: its DaemonSet scheduled somewhere and ready on every node."""
+    by_name = {(d.get("metadata") or {}).get("name"): d for d in (daemonset_list or {}).get("items") or []}
+    name = next((n for n in PROXY_DAEMONSETS if n in by_name), None)
+    if name is None:
+        return [f"kube-proxy or its replacement: neither DaemonSet ({', '.join(PROXY_DAEMONSETS)}) found yet"]
+    status = by_name[name].get("status") or {}
+    desired, ready = status.get("desiredNumberScheduled") or 0, status.get("numberReady") or 0
+    if desired == 0 or ready < desired:
+        what = name if name == "kube-proxy" else f"{name} (kube-proxy replacement)"
+        return [f"{what}: {ready} of {desired} pods ready"]
+    return []
 
 
 def coredns_problems(deployment: Optional[Mapping]) -> list[str]:
@@ -194,7 +246,10 @@ def cluster_problems(api: KubeApi, expected_nodes: int) -> list[str]:
     """One poll: everything that is not healthy yet (empty when healthy)."""
     problems: list[str] = []
     try:
-        problems += node_problems(api.get("/api/v1/nodes"), expected_nodes)
+        nodes = api.get("/api/v1/nodes")
+        problems += node_problems(nodes, expected_nodes)
+        problems += control_plane_pod_problems(nodes, api.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"))
+        problems += proxy_problems(api.get(f"/apis/apps/v1/namespaces/{SYSTEM_NAMESPACE}/daemonsets"))
         problems += coredns_problems(
             api.get(f"/apis/apps/v1/namespaces/{COREDNS_NAMESPACE}/deployments/{COREDNS_DEPLOYMENT}"))
     except KubeApiError as exc:
