@@ -174,6 +174,9 @@ class FakeTalosNode:
                          for name in ("apid", "etcd", "kubelet", "machined", "trustd")]
         # The MachineStatus resource: boot stage, and whether every boot condition is met.
         self.machine_stage = "running"
+        # Talos resolves AUTO to a reboot for changes it cannot apply live (e.g. install or kernel args).
+        self.auto_needs_reboot = False
+        self.reboots = 0
         self.unmet_conditions: list[dict] = []
         self.calls: list[RecordedCall] = []
         # Other nodes of a stand-in cluster by address: a `node` call naming one is answered by it, as
@@ -289,6 +292,7 @@ class FakeTalosNode:
 
         def cycle():
             time.sleep(after)
+            self.reboots += 1
             self.go_down()
             time.sleep(downtime)
             self.come_up(mode)
@@ -459,9 +463,11 @@ class FakeTalosNode:
                 context.abort(grpc.StatusCode.UNIMPLEMENTED,
                               "the REBOOT mode is not supported, please use AUTO or NO_REBOOT modes instead")
             mode = Mode.NO_REBOOT
+        reboot_after = mode == Mode.AUTO and self.mode == "configured" and self.auto_needs_reboot
         if mode == Mode.AUTO:
-            mode = Mode.NO_REBOOT
+            mode = Mode.REBOOT if reboot_after else Mode.NO_REBOOT
         details = {Mode.NO_REBOOT: "Applied configuration without a reboot", Mode.TRY: "Applied configuration without a reboot",
+                   Mode.REBOOT: "Applied configuration with a reboot",
                    Mode.STAGED: "Staged configuration to be applied after the next reboot"}[mode]
         if request.dry_run:
             diff = "".join(difflib.unified_diff((self.config or b"").decode().splitlines(True),
@@ -480,6 +486,8 @@ class FakeTalosNode:
         if self.mode == "maintenance":
             # a maintenance node installs and reboots into the applied configuration
             self.reboot(self.install_downtime, mode="configured")
+        elif reboot_after:
+            self.reboot(self.install_downtime, after=0.3)  # a moment after the reply, as machined does
         return machine_pb2.ApplyConfigurationResponse(messages=[machine_pb2.ApplyConfiguration(
             mode=mode, mode_details=details)])
 

@@ -110,6 +110,34 @@ def test_reboot_mode_stages_then_reboots_and_waits(configured_node):
     assert configured_node.config == NEW_CONFIG.encode()  # the staged config took effect at the reboot
 
 
+def test_an_auto_apply_that_resolves_to_a_reboot_returns_only_when_the_node_is_back(configured_node):
+    """Talos answers REBOOT and goes down a moment later: the apply must not return in between, or the
+    roll would move on while this node is still going down."""
+    provider = talos_operations.ConfigurationApplyProvider()
+    olds = provider.create(_apply_props(configured_node)).outs
+    configured_node.auto_needs_reboot = True
+    configured_node.install_downtime = 0.5
+    outs = provider.update("id", olds, _apply_props(configured_node, NEW_CONFIG)).outs
+    assert outs["applied_mode"] == "REBOOT"
+    assert configured_node.reboots == 1 and configured_node.is_up
+    apply = configured_node.calls_for("ApplyConfiguration")[-1]
+    assert apply.request.mode == 1  # AUTO was asked; the node chose the reboot
+    after = [c for c in configured_node.calls if c.at > apply.at]
+    assert after and after[-1].rpc == "Version" and after[-1].at > apply.at + 0.5  # answered after the downtime
+
+
+def test_a_node_that_says_reboot_but_never_goes_down_is_reported():
+    client = _AlwaysUp()
+    clock = iter(range(0, 1000, 10))
+    with pytest.raises(TimeoutError, match="node 10.5.0.7 said the configuration needs a reboot but kept answering"):
+        operations.wait_until_down(client, "10.5.0.7", timeout=30, sleep=lambda _s: None, clock=lambda: next(clock))
+
+
+class _AlwaysUp:
+    def version(self, timeout):
+        return None
+
+
 def test_create_gives_up_after_the_timeout_naming_the_node(configured_node):
     configured_node.go_down()
     with pytest.raises(GaveUp) as caught:

@@ -94,6 +94,27 @@ def wait_until_ready(client: TalosClient, *, timeout: float, what: str, backoff:
     return reply.messages[0].version.tag if reply.messages else ""
 
 
+REBOOT_START_TIMEOUT = 120.0  # a node that said it reboots and still answers after this did not
+REBOOT_POLL_SECONDS = 0.5
+
+
+def wait_until_down(client: TalosClient, node: str, *, timeout: float, sleep=time.sleep,
+                    clock=time.monotonic) -> None:
+    """Poll Version until the node stops answering (it is rebooting); TimeoutError if it never does."""
+    deadline = clock() + timeout
+    while True:
+        try:
+            client.version(timeout=min(CALL_TIMEOUT, max(deadline - clock(), 0.001)))
+        except errors.TalosApiError as exc:
+            if errors.transient_while_rebooting(exc):
+                return
+            raise
+        if clock() >= deadline:
+            raise TimeoutError(f"node {node} said the configuration needs a reboot but kept answering for "
+                               f"{timeout:g}s without going down")
+        sleep(REBOOT_POLL_SECONDS)
+
+
 def apply_machine_configuration(
     node: str,
     machine_configuration: str | bytes,
@@ -145,6 +166,13 @@ def apply_machine_configuration(
                                      backoff=backoff, retry_if=_transient_apply, sleep=sleep, clock=clock)
         message = reply.messages[0] if reply.messages else None
         rebooted = via == "insecure"
+        if via == "mtls" and message is not None and message.mode == machine_pb2.ApplyConfigurationRequest.REBOOT:
+            # AUTO resolved to a reboot: the node goes down a moment after this reply. Returning now
+            # would let the next node go down with it.
+            wait_until_down(mtls, node, timeout=min(REBOOT_START_TIMEOUT, deadline.remaining()),
+                            sleep=sleep, clock=clock)
+            rebooted = True
+            wait = True
         if via == "mtls" and mode == "reboot":
             call_with_retry(lambda remaining: mtls.reboot(timeout=min(CALL_TIMEOUT, remaining)),
                             timeout=deadline.remaining(), what=f"reboot {node}", backoff=backoff,
