@@ -20,12 +20,14 @@ before the VM is destroyed.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Optional
 
 import pulumi
 import pulumi.dynamic as dynamic
 
 from talos_proxmox.day_two import node_removal, rolling
+from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns
 from talos_proxmox.talos_api import operations
@@ -60,6 +62,15 @@ def _credentials(talosconfig) -> Any:
         return talosconfig
 
 
+def cluster_key(talosconfig) -> str | None:
+    """Names the cluster's etcd-membership lock: a hash of its OS CA, the same for every node of it."""
+    try:
+        ca = read_talosconfig(talosconfig).credentials.ca_pem
+    except (ValueError, TypeError, KeyError):
+        return None
+    return hashlib.sha256(ca).hexdigest()[:16]
+
+
 def _timeout(props: dict[str, Any]) -> float:
     return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
 
@@ -73,7 +84,8 @@ def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
     with rolling.client_for(node, props["talosconfig"]) as client:
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
-                             timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
+                             timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF,
+                             on_event=progress_printer("upgrade"))
 
 
 def kubernetes_step(props: dict[str, Any]) -> None:
@@ -131,7 +143,8 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         node_removal.remove_node(
             _node(props), lambda node: rolling.client_for(node, talosconfig), _peers(props),
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
-            reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF)
+            reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF,
+            cluster_key=cluster_key(talosconfig), on_event=progress_printer("remove"))
 
 
 class NodeLifecycle(dynamic.Resource):

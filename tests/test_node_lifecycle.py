@@ -223,3 +223,25 @@ def test_adding_a_worker_adds_only_its_resources():
     assert not before.keys() - after.keys()
     changed = {(after[u].type, after[u].name) for u in before if after[u].inputs != before[u].inputs}
     assert changed <= {(DYNAMIC, "health")}  # only the health wait counts the nodes
+
+
+def test_an_upgrade_prints_one_progress_line_per_step(pair, capfd):
+    """The engine shows a dynamic provider's stderr: each step, named by node, with the time it took."""
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig)).outs
+    image = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEW}"
+    provider.update("id", olds, _props(fakes, talosconfig, installer_image=image, talos_version=NEW))
+    lines = capfd.readouterr().err.splitlines()
+    steps = [line.split(": ")[2].split(" (")[0] for line in lines if line.startswith("talos-proxmox: upgrade cp-1: ")]
+    assert steps == ["healthy-before", "upgrade-requested", "rebooted", "healthy"]
+    assert all(line.endswith("s)") for line in lines if line.startswith("talos-proxmox: upgrade"))
+
+
+def test_the_membership_lock_is_named_by_the_clusters_ca(pair, bundle):
+    from providers.node_lifecycle import cluster_key
+
+    _, talosconfig = pair
+    other = make_talosconfig(secrets_bundle.generate_secrets("v1.13.7"), "other", ["10.9.9.9:50000"])
+    assert cluster_key(talosconfig) == cluster_key(make_talosconfig(bundle, "renamed", ["10.0.0.1:50000"]))
+    assert cluster_key(talosconfig) != cluster_key(other) and len(cluster_key(talosconfig)) == 16

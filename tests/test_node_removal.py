@@ -95,3 +95,34 @@ def test_reset_can_be_turned_off(cluster, credentials):
     nodes, fakes = cluster
     assert _remove(nodes, credentials, "worker-1", reset=False) == ["reset-disabled"]
     assert not fakes["worker-1"].calls_for("Reset")
+
+
+def _remove_two_at_once(nodes, fakes, credentials, cluster_key):
+    """cp-2 and cp-3 removed from two threads at once, as the engine deletes independent resources;
+    each EtcdLeaveCluster takes 0.4 s. Returns the (start, end) of each leave, in start order."""
+    import threading
+
+    for name in ("cp-2", "cp-3"):
+        fakes[name].delays["EtcdLeaveCluster"] = 0.4
+    threads = [threading.Thread(target=_remove, args=(nodes, credentials, name), kwargs={"cluster_key": cluster_key})
+               for name in ("cp-2", "cp-3")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    leaves = sorted(call.at for name in ("cp-2", "cp-3") for call in fakes[name].calls_for("EtcdLeaveCluster"))
+    assert len(leaves) == 2
+    return [(at, at + 0.4) for at in leaves]
+
+
+def test_two_control_planes_removed_at_once_never_change_etcd_membership_together(cluster, credentials):
+    nodes, fakes = cluster
+    first, second = _remove_two_at_once(nodes, fakes, credentials, cluster_key="test-cluster-serial")
+    assert second[0] >= first[1]  # the second leave started only after the first had finished
+
+
+def test_without_the_lock_the_two_leaves_overlap(cluster, credentials):
+    """The check above can fail: unserialised, both leaves are in flight together."""
+    nodes, fakes = cluster
+    first, second = _remove_two_at_once(nodes, fakes, credentials, cluster_key=None)
+    assert second[0] < first[1]

@@ -4,6 +4,8 @@ Control plane, reachable: EtcdLeaveCluster on the node itself. If the node answe
 leave (its etcd is failing), or does not answer at all, its member is removed through another
 control plane with EtcdRemoveMemberByID (matched by the node's address in the member URLs). The
 last etcd member is never removed: that would destroy the cluster's data; it is only reset.
+Only one etcd membership change runs at a time per cluster (`membership_lock`): the engine deletes
+independent resources in parallel, and two control planes leaving at once could take quorum with them.
 Then, if the node answers: Reset (graceful: cordon and drain, wipe; no reboot, so it powers off)
 and a wait until it has gone down. An unreachable node cannot be reset; its VM is about to be
 destroyed, so that is reported, not an error. Workers: only the reset.
@@ -13,8 +15,13 @@ No Pulumi here; the steps taken are returned as short strings, for the resource'
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import tempfile
 import time
-from typing import Callable, Optional, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
 
 from talos_proxmox.day_two.rolling import (
     CALL_TIMEOUT,
@@ -29,6 +36,26 @@ from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
 
 REACH_TIMEOUT = 60.0  # how long an unanswering node is given before it counts as gone
+
+
+LOCK_DIR = Path(tempfile.gettempdir()) / "talos-proxmox-etcd-locks"
+
+
+@contextlib.contextmanager
+def membership_lock(cluster_key: Optional[str]) -> Iterator[None]:
+    """Hold the cluster's etcd-membership lock: an exclusive flock on a file named after the cluster, so
+    removals in other threads of the provider host, or other processes, wait their turn. None: no lock."""
+    if cluster_key is None:
+        yield
+        return
+    LOCK_DIR.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(LOCK_DIR / f"{cluster_key}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 class RemovalError(RuntimeError):
@@ -91,11 +118,13 @@ def _wait_down(client: TalosClient, node: RollNode, *, timeout: float, backoff: 
 
 def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], peers: Sequence[RollNode] = (), *,
                 reset: bool = True, timeout: float = 600.0, reach_timeout: float = REACH_TIMEOUT,
+                cluster_key: Optional[str] = None,
                 backoff: Backoff = DEFAULT_BACKOFF, on_event: Optional[Event] = None,
                 sleep=time.sleep, clock=time.monotonic) -> list[str]:
     """Take `node` out of etcd (control planes) and reset it; returns the steps taken, in order.
 
-    `peers` are the other control planes, used when the node cannot leave etcd itself.
+    `peers` are the other control planes, used when the node cannot leave etcd itself. `cluster_key`
+    names the cluster's membership lock (see `membership_lock`).
     Raises RemovalError when a control plane's etcd member can be removed neither way.
     """
     steps: list[str] = []
@@ -109,29 +138,9 @@ def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], p
     with client_for(node) as client:
         reachable, last_member = True, False
         if node.role == "controlplane":
-            try:
-                members = _members(_retrying(lambda t: client.etcd_member_list(timeout=t), timeout=reach_timeout,
-                                             what=f"etcd members of {node.name}", **opts))
-            except GaveUp:
-                reachable, members = False, None
-            except errors.TalosApiError:
-                members = None  # it answers, but its etcd does not: remove the member from elsewhere
-            if members is not None:
-                member = etcd_member_of(members, node.address)
-                last_member = member is not None and len(members) == 1
-                if member is None:
-                    step("etcd-not-a-member")
-                elif last_member:
-                    step("etcd-last-member-kept")
-                else:
-                    try:
-                        _retrying(lambda t: client.etcd_leave_cluster(timeout=t), timeout=reach_timeout,
-                                  what=f"{node.name} leaves etcd", **opts)
-                        step("etcd-leave")
-                    except (GaveUp, errors.TalosApiError):
-                        step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
-            else:
-                step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
+            with membership_lock(cluster_key):
+                reachable, last_member = _leave_etcd(node, client, peers, client_for, step,
+                                                     reach_timeout=reach_timeout, **opts)
         else:
             try:
                 _retrying(lambda t: client.version(timeout=t), timeout=reach_timeout, what=f"reach {node.name}",
@@ -150,3 +159,34 @@ def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], p
             step("reset")
             step("down" if _wait_down(client, node, timeout=timeout, **opts) else "still-answering-after-reset")
     return steps
+
+
+def _leave_etcd(node: RollNode, client: TalosClient, peers: Sequence[RollNode],
+                client_for: Callable[[RollNode], TalosClient], step: Callable[[str], None], *,
+                reach_timeout: float, **opts) -> tuple[bool, bool]:
+    """The membership change itself: leave, or removal through a peer. Returns (reachable, last member)."""
+    reachable, last_member = True, False
+    try:
+        members = _members(_retrying(lambda t: client.etcd_member_list(timeout=t), timeout=reach_timeout,
+                                     what=f"etcd members of {node.name}", **opts))
+    except GaveUp:
+        reachable, members = False, None
+    except errors.TalosApiError:
+        members = None  # it answers, but its etcd does not: remove the member from elsewhere
+    if members is None:
+        step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
+        return reachable, last_member
+    member = etcd_member_of(members, node.address)
+    last_member = member is not None and len(members) == 1
+    if member is None:
+        step("etcd-not-a-member")
+    elif last_member:
+        step("etcd-last-member-kept")
+    else:
+        try:
+            _retrying(lambda t: client.etcd_leave_cluster(timeout=t), timeout=reach_timeout,
+                      what=f"{node.name} leaves etcd", **opts)
+            step("etcd-leave")
+        except (GaveUp, errors.TalosApiError):
+            step(_remove_via_peer(node, peers, client_for, reach_timeout=reach_timeout, **opts))
+    return reachable, last_member
