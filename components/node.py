@@ -78,6 +78,13 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
     )
 
 
+def etcd_snapshot_inputs(settings: Settings) -> Optional[dict]:
+    snapshots = settings.lifecycle.etcd_snapshots
+    if snapshots is None:
+        return None
+    return {"directory": snapshots.directory, "keep": snapshots.keep, "cluster": settings.cluster.name}
+
+
 def secure_boot_firmware(settings: Settings) -> dict:
     """UEFI with an empty key store and a TPM 2.0: the secure-boot ISO enrolls Sidero Labs' keys itself
     (Microsoft's pre-enrolled keys would refuse its UKI), and Talos seals disk keys to the TPM."""
@@ -142,6 +149,7 @@ class TalosNode(pulumi.ComponentResource):
             kubernetes_version=c.kubernetes_version,
             machine_configuration=self.machine_configuration.machine_configuration, talosconfig=talosconfig,
             timeout_seconds=settings.lifecycle.timeout_seconds, reset_on_delete=settings.lifecycle.reset_on_delete,
+            etcd_snapshots=etcd_snapshot_inputs(settings),
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.vm, *([previous.lifecycle] if previous else [])]))
 

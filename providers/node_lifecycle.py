@@ -26,16 +26,16 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import node_removal, rolling
+from talos_proxmox.day_two import etcd_snapshots, node_removal, rolling
 from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns
-from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
-          "timeout_seconds", "reset_on_delete", "talosconfig")
+          "timeout_seconds", "reset_on_delete", "etcd_snapshots", "talosconfig")
 # The talosconfig's endpoints and nodes change whenever a node is added; only its credentials matter
 # here, so adding a node leaves every other node's NodeLifecycle unchanged.
 _COMPARED_AS_IS = tuple(key for key in INPUTS if key != "talosconfig")
@@ -71,6 +71,11 @@ def cluster_key(talosconfig) -> str | None:
     return hashlib.sha256(ca).hexdigest()[:16]
 
 
+def _running_tag(client) -> str:
+    reply = client.version(timeout=rolling.CALL_TIMEOUT)
+    return reply.messages[0].version.tag if reply.messages else ""
+
+
 def _timeout(props: dict[str, Any]) -> float:
     return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
 
@@ -80,9 +85,22 @@ def _outputs(props: dict[str, Any]) -> dict[str, Any]:
     return {key: props.get(key) for key in INPUTS}
 
 
+def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event) -> None:
+    """A control plane's etcd, snapshotted before it goes down or leaves (lifecycle.etcdSnapshots)."""
+    snapshots = props.get("etcd_snapshots")
+    if node.role != "controlplane" or not snapshots:
+        return
+    path = etcd_snapshots.take_snapshot(client, node.name, node.address, directory=snapshots["directory"],
+                                        cluster=snapshots["cluster"], keep=int(snapshots["keep"]),
+                                        timeout=min(_timeout(props), rolling.CALL_TIMEOUT * 10))
+    event(f"etcd-snapshot {path}", node.name)
+
+
 def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
     with rolling.client_for(node, props["talosconfig"]) as client:
+        if props.get("talos_version") is None or _running_tag(client) != props.get("talos_version"):
+            snapshot_first(client, node, props, progress_printer("upgrade"))
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
                              timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF,
                              on_event=progress_printer("upgrade"))
@@ -140,6 +158,12 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         talosconfig = props["talosconfig"]
+        node = _node(props)
+        try:
+            with rolling.client_for(node, talosconfig) as client:
+                snapshot_first(client, node, props, progress_printer("remove"))
+        except errors.TalosApiError as exc:  # a node already gone has no etcd to save; its peers keep theirs
+            progress_printer("remove")(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
         node_removal.remove_node(
             _node(props), lambda node: rolling.client_for(node, talosconfig), _peers(props),
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
@@ -166,12 +190,15 @@ class NodeLifecycle(dynamic.Resource):
                  kubernetes_version: pulumi.Input[Optional[str]], machine_configuration: pulumi.Input[str],
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-                 reset_on_delete: bool = True, opts: Optional[pulumi.ResourceOptions] = None):
+                 reset_on_delete: bool = True, etcd_snapshots: Optional[dict] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
         props = {
             "node_name": node_name, "address": address, "endpoint": endpoint, "role": role,
             "installer_image": installer_image, "talos_version": talos_version,
             "kubernetes_version": kubernetes_version,
             "timeout_seconds": timeout_seconds, "reset_on_delete": reset_on_delete,
+            # {directory, keep, cluster} or None; the directory as the stack says (relative to the project).
+            "etcd_snapshots": etcd_snapshots,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
         }

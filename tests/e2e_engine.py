@@ -34,6 +34,7 @@ import base64
 import contextlib
 import errno
 import json
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -253,6 +254,8 @@ def deletion_order(state: Mapping[str, ResourceState], urns: list[str]) -> list[
 STACK = "e2e"
 TALOS_API_PORT = 50000
 FAST = Backoff(initial=0.05, factor=1.5, maximum=0.2)
+# Where the e2e stacks' etcd snapshots go: outside the checkout, one directory per test process.
+SNAPSHOT_DIR = tempfile.mkdtemp(prefix="e2e-etcd-snapshots-")
 REACH_TIMEOUT = 1.0  # how long an unanswering node is tried before it counts as gone (real: a minute)
 
 
@@ -267,6 +270,7 @@ def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional
     config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
     config["image"]["factoryUrl"] = factory_url
     config["health"] = health or {"wait": False}
+    config["lifecycle"] = {"etcdSnapshots": {"directory": SNAPSHOT_DIR, "keep": 3}}
     templates = {node["role"]: node for node in config["nodes"]}
     # VM id and MAC follow the address, so that taking a node out leaves every other node's alone
     config["nodes"] = [

@@ -176,6 +176,7 @@ class FakeTalosNode:
         self.machine_stage = "running"
         # Talos resolves AUTO to a reboot for changes it cannot apply live (e.g. install or kernel args).
         self.auto_needs_reboot = False
+        self.etcd_snapshot_data = b"etcd-snapshot:" + hostname.encode() + b":" + bytes(range(256)) * 10
         self.reboots = 0
         self.unmet_conditions: list[dict] = []
         self.calls: list[RecordedCall] = []
@@ -510,6 +511,11 @@ class FakeTalosNode:
         payload = talos_style_tgz("kubeconfig", content) if self.kubeconfig_format == "tgz" else content
         size = self.kubeconfig_chunk or len(payload)
         return [common_pb2.Data(bytes=payload[i:i + size]) for i in range(0, len(payload), size)]
+
+    def _rpc_EtcdSnapshot(self, request, context):
+        data = self.etcd_snapshot_data
+        for start in range(0, len(data), 1024):  # in chunks, as Talos streams it
+            yield common_pb2.Data(bytes=data[start:start + 1024])
 
     def _rpc_EtcdMemberList(self, request, context):
         return machine_pb2.EtcdMemberListResponse(messages=[machine_pb2.EtcdMembers(members=self.etcd_members)])

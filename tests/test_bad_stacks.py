@@ -479,6 +479,12 @@ BAD_STACKS = [
      "talos-proxmox:cluster.systemDiskEncryption: 'luks' is not a disk encryption (expected none or tpm)"),
     ({"proxmox.isoDatastoreShared": "yes"},
      "talos-proxmox:proxmox.isoDatastoreShared: 'yes' is not true or false"),
+    ({"lifecycle.etcdSnapshots": {"keep": 0}},
+     "talos-proxmox:lifecycle.etcdSnapshots.keep: 0 is not a number of snapshots to keep (expected 1-1000)"),
+    ({"lifecycle.etcdSnapshots": {"enabled": "no"}},
+     "talos-proxmox:lifecycle.etcdSnapshots.enabled: 'no' is not true or false"),
+    ({"lifecycle.etcdSnapshots": {"dir": "/backups"}},
+     "talos-proxmox:lifecycle.etcdSnapshots.dir: '/backups' is not a known key (expected one of: enabled, directory, keep)"),
     # keys outside the project's namespace
     ({"talos-proxmx:ccm": {"enabled": True}},
      "talos-proxmx:ccm: namespace 'talos-proxmx' is not one this program reads, so the key would be ignored (expected talos-proxmox:ccm)"),

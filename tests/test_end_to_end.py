@@ -335,3 +335,26 @@ def test_removing_a_worker_resets_it_and_deletes_only_its_resources(deployment):
         n: c for n, c in upgraded.calls.items() if n != name}
     assert not [urn for urn in removed.monitor.state if urn.endswith(f"-{name}")]
     assert [urn for urn in upgraded.monitor.state if urn.endswith(f"-{name}")]
+
+
+def test_each_control_plane_is_snapshotted_before_its_upgrade_and_only_a_few_kept(deployment):
+    """lifecycle.etcdSnapshots: EtcdSnapshot right before each control plane's Upgrade, none for workers;
+    the files are the nodes' snapshot bytes, owner-only, and the stack keeps its newest `keep`."""
+    import stat
+    from pathlib import Path
+
+    from tests.e2e_engine import SNAPSHOT_DIR
+
+    added, upgraded = deployment.added, deployment.upgraded
+    for name, role, _ in NODES:
+        calls = [c.rpc for c in upgraded.calls[name][len(added.calls[name]):]]
+        if role == "controlplane":
+            assert calls.count("EtcdSnapshot") == 1 and calls.index("EtcdSnapshot") < calls.index("Upgrade"), name
+        else:
+            assert "EtcdSnapshot" not in calls, name
+    files = sorted(Path(SNAPSHOT_DIR).glob("*.snapshot"))
+    assert 1 <= len(files) <= 3  # keep: 3, of the three control planes' snapshots
+    for path in files:
+        node = next(n for n, role, _ in NODES if role == "controlplane" and f"-{n}-" in path.name)
+        assert path.read_bytes() == deployment.nodes[node].etcd_snapshot_data
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from talos_proxmox.settings.stack import SettingsError, load_settings, stack_file_config
+from talos_proxmox.settings.stack import EtcdSnapshots, SettingsError, load_settings, stack_file_config
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
 
@@ -131,3 +131,12 @@ def test_add_on_defaults_pin_the_ccm_chart_and_wait_for_health():
     raw["ccm"]["version"] = "0.5.3"
     s = load_settings(raw)
     assert (s.health.wait, s.health.timeout_seconds, s.ccm.version) == (False, 120, "0.5.3")
+
+
+def test_etcd_snapshots_default_on_and_can_be_turned_off():
+    assert load_settings(stack("dev")).lifecycle.etcd_snapshots == EtcdSnapshots("etcd-snapshots", 5)
+    raw = stack("dev")
+    raw["lifecycle"] = {"etcdSnapshots": {"directory": "/srv/backups", "keep": 2}}
+    assert load_settings(raw).lifecycle.etcd_snapshots == EtcdSnapshots("/srv/backups", 2)
+    raw["lifecycle"] = {"etcdSnapshots": {"enabled": False}}
+    assert load_settings(raw).lifecycle.etcd_snapshots is None

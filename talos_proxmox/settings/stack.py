@@ -205,10 +205,20 @@ class CcmSettings:
 
 
 @dataclass(frozen=True)
+class EtcdSnapshots:
+    """Where the etcd snapshot taken before each control plane's upgrade or removal goes (relative paths
+    are to the project directory), and how many of the cluster's are kept."""
+    directory: str = "etcd-snapshots"
+    keep: int = 5
+
+
+@dataclass(frozen=True)
 class LifecycleSettings:
-    """Day two, per node: how long one upgrade or removal may take, and whether a removed node is reset."""
+    """Day two, per node: how long one upgrade or removal may take, whether a removed node is reset, and
+    the etcd snapshots taken first (None: off)."""
     timeout_seconds: int = DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
     reset_on_delete: bool = True
+    etcd_snapshots: Optional[EtcdSnapshots] = EtcdSnapshots()
 
 
 @dataclass(frozen=True)
@@ -826,8 +836,17 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
 
 
 def _read_lifecycle(r: _Reader, raw: Any) -> LifecycleSettings:
-    s = r.section(raw, "lifecycle", ("timeoutSeconds", "resetOnDelete"))
+    s = r.section(raw, "lifecycle", ("timeoutSeconds", "resetOnDelete", "etcdSnapshots"))
+    snap = r.section(s.get("etcdSnapshots"), "lifecycle.etcdSnapshots", ("enabled", "directory", "keep"))
+    snapshots = None
+    if r.value(snap, "enabled", "lifecycle.etcdSnapshots.enabled", _bool, "is not true or false", default=True):
+        snapshots = EtcdSnapshots(
+            directory=r.value(snap, "directory", "lifecycle.etcdSnapshots.directory", _string,
+                              "is not a directory path", default=EtcdSnapshots.directory),
+            keep=r.value(snap, "keep", "lifecycle.etcdSnapshots.keep", _int_in(1, 1000),
+                         "is not a number of snapshots to keep (expected 1-1000)", default=EtcdSnapshots.keep))
     return LifecycleSettings(
+        etcd_snapshots=snapshots,
         timeout_seconds=r.value(s, "timeoutSeconds", "lifecycle.timeoutSeconds", _int_in(*TIMEOUT_RANGE),
                                 _TIMEOUT_EXPECTED,
                                 default=DEFAULT_LIFECYCLE_TIMEOUT_SECONDS),

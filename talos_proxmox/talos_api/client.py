@@ -335,6 +335,12 @@ class TalosClient:
         chunks = self._call("Kubeconfig", empty_pb2.Empty(), timeout=timeout, node=node, nodes=None, stream=True)
         return b"".join(chunk.bytes for chunk in chunks)
 
+    def etcd_snapshot(self, *, timeout=None, node=None) -> bytes:
+        """The node's etcd data snapshot (`talosctl etcd snapshot`), streamed as common.Data chunks."""
+        chunks = self._call("EtcdSnapshot", machine_pb2.EtcdSnapshotRequest(), timeout=timeout, node=node,
+                            nodes=None, stream=True)
+        return b"".join(chunk.bytes for chunk in chunks)
+
     def etcd_member_list(self, *, query_local: bool = False, timeout=None, node=None,
                          nodes=None) -> machine_pb2.EtcdMemberListResponse:
         request = machine_pb2.EtcdMemberListRequest(query_local=query_local)

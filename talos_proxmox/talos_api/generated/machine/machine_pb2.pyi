@@ -319,6 +319,10 @@ class EtcdRemoveMemberByIDResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[EtcdRemoveMemberByID]
     def __init__(self, messages: _Optional[_Iterable[_Union[EtcdRemoveMemberByID, _Mapping]]] = ...) -> None: ...
 
+class EtcdSnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class EtcdMemberListRequest(_message.Message):
     __slots__ = ("query_local",)
     QUERY_LOCAL_FIELD_NUMBER: _ClassVar[int]

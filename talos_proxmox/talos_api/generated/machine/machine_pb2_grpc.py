@@ -61,6 +61,11 @@ class MachineServiceStub:
                 request_serializer=machine_dot_machine__pb2.EtcdLeaveClusterRequest.SerializeToString,
                 response_deserializer=machine_dot_machine__pb2.EtcdLeaveClusterResponse.FromString,
                 _registered_method=True)
+        self.EtcdSnapshot = channel.unary_stream(
+                '/machine.MachineService/EtcdSnapshot',
+                request_serializer=machine_dot_machine__pb2.EtcdSnapshotRequest.SerializeToString,
+                response_deserializer=common_dot_common__pb2.Data.FromString,
+                _registered_method=True)
         self.Kubeconfig = channel.unary_stream(
                 '/machine.MachineService/Kubeconfig',
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
@@ -121,6 +126,12 @@ class MachineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def EtcdLeaveCluster(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EtcdSnapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +202,11 @@ def add_MachineServiceServicer_to_server(servicer, server):
                     servicer.EtcdLeaveCluster,
                     request_deserializer=machine_dot_machine__pb2.EtcdLeaveClusterRequest.FromString,
                     response_serializer=machine_dot_machine__pb2.EtcdLeaveClusterResponse.SerializeToString,
+            ),
+            'EtcdSnapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.EtcdSnapshot,
+                    request_deserializer=machine_dot_machine__pb2.EtcdSnapshotRequest.FromString,
+                    response_serializer=common_dot_common__pb2.Data.SerializeToString,
             ),
             'Kubeconfig': grpc.unary_stream_rpc_method_handler(
                     servicer.Kubeconfig,
@@ -358,6 +374,33 @@ class MachineService:
             '/machine.MachineService/EtcdLeaveCluster',
             machine_dot_machine__pb2.EtcdLeaveClusterRequest.SerializeToString,
             machine_dot_machine__pb2.EtcdLeaveClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EtcdSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/machine.MachineService/EtcdSnapshot',
+            machine_dot_machine__pb2.EtcdSnapshotRequest.SerializeToString,
+            common_dot_common__pb2.Data.FromString,
             options,
             channel_credentials,
             insecure,
