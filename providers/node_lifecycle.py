@@ -26,7 +26,7 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import etcd_snapshots, node_removal, rolling
+from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_removal, rolling
 from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns
@@ -164,11 +164,31 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
                 snapshot_first(client, node, props, progress_printer("remove"))
         except errors.TalosApiError as exc:  # a node already gone has no etcd to save; its peers keep theirs
             progress_printer("remove")(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
+        peers = _peers(props)
         node_removal.remove_node(
-            _node(props), lambda node: rolling.client_for(node, talosconfig), _peers(props),
+            _node(props), lambda node: rolling.client_for(node, talosconfig), peers,
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
             reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF,
             cluster_key=cluster_key(talosconfig), on_event=progress_printer("remove"))
+        delete_kubernetes_node(node, peers, talosconfig, _timeout(props))
+
+
+def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: float) -> None:
+    """The removed node's Node object, deleted through a kubeconfig from a remaining control plane. With
+    none left (the cluster itself is going), there is nothing to clean up: reported, not an error."""
+    event = progress_printer("remove")
+    problems = []
+    for peer in peers:
+        try:
+            text = operations.fetch_kubeconfig(peer.address, talosconfig, endpoint=peer.dial,
+                                               timeout=min(timeout, node_removal.REACH_TIMEOUT))
+            step = cluster_health.delete_node(cluster_health.KubeApi(cluster_health.read_kubeconfig(text)), node.name)
+        except Exception as exc:  # noqa: BLE001 - try the next control plane; report if none works
+            problems.append(f"{peer.name}: {exc.__class__.__name__}")
+            continue
+        event(f"{step} via {peer.name}", node.name)
+        return
+    event(f"kubernetes-node-not-deleted ({'; '.join(problems) or 'no other control plane'})", node.name)
 
 
 class NodeLifecycle(dynamic.Resource):

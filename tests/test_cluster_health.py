@@ -86,6 +86,7 @@ class StandInApi:
         self.states = list(states)
         self.token = token
         self.requests: list[tuple[str, str]] = []
+        self.deletable: set[str] = set()  # Node names a DELETE finds
         self.polls = 0
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         load_cert_chain(context, server_pem, server_key)
@@ -118,6 +119,14 @@ class StandInApi:
                     api.polls += 1  # the second read of a poll
                     return self._send(404, {}) if deployment is None else self._send(200, deployment)
                 return self._send(404, {})
+
+            def do_DELETE(self):
+                api.requests.append((f"DELETE {self.path}", ""))
+                name = self.path.rsplit("/", 1)[-1]
+                if self.path.startswith(NODES_PATH + "/") and name in api.deletable:
+                    api.deletable.discard(name)
+                    return self._send(200, {"kind": "Status", "status": "Success"})
+                return self._send(404, {"kind": "Status", "reason": "NotFound"})
 
             def _send(self, code, body):
                 data = json.dumps(body).encode()

@@ -245,3 +245,32 @@ def test_the_membership_lock_is_named_by_the_clusters_ca(pair, bundle):
     other = make_talosconfig(secrets_bundle.generate_secrets("v1.13.7"), "other", ["10.9.9.9:50000"])
     assert cluster_key(talosconfig) == cluster_key(make_talosconfig(bundle, "renamed", ["10.0.0.1:50000"]))
     assert cluster_key(talosconfig) != cluster_key(other) and len(cluster_key(talosconfig)) == 16
+
+
+def test_delete_removes_the_kubernetes_node_through_another_control_plane(pair, capfd):
+    """After leaving etcd and the reset, the Node object goes too, with a kubeconfig from a control plane
+    that stays; it would otherwise sit NotReady in `kubectl get nodes` for good."""
+    from tests.test_cluster_health import StandInApi, coredns, node as k8s_node
+
+    fakes, talosconfig = pair
+    api = StandInApi([([k8s_node("cp-1", True), k8s_node("cp-2", True)], coredns(1))])
+    try:
+        api.deletable = {"cp-1"}
+        fakes["cp-2"].kubeconfig_yaml = api.kubeconfig()
+        provider = NodeLifecycleProvider()
+        provider.delete("id", provider.create(_props(fakes, talosconfig)).outs)
+        assert ("DELETE /api/v1/nodes/cp-1", "") in api.requests
+        assert fakes["cp-2"].calls_for("Kubeconfig") and not fakes["cp-1"].calls_for("Kubeconfig")
+        reset = fakes["cp-1"].calls_for("Reset")[0]
+        assert fakes["cp-2"].calls_for("Kubeconfig")[0].at > reset.at  # only once the node is out
+        assert f"talos-proxmox: remove cp-1: kubernetes-node-deleted via {fakes['cp-2'].endpoint}" in capfd.readouterr().err
+    finally:
+        api.close()
+
+
+def test_without_a_remaining_control_plane_the_node_object_is_reported_not_deleted(pair, capfd):
+    fakes, talosconfig = pair
+    provider = NodeLifecycleProvider()
+    provider.delete("id", provider.create(_props(fakes, talosconfig)).outs)  # cp-2's kubeconfig is unusable
+    err = capfd.readouterr().err
+    assert "talos-proxmox: remove cp-1: kubernetes-node-not-deleted (" in err and "KubeconfigError" in err

@@ -120,7 +120,7 @@ def _named(doc: Mapping, section: str, field: str, name: Any) -> Mapping:
 
 
 class KubeApi:
-    """GET-only JSON client for the few reads the health check makes."""
+    """JSON client for the few calls we make: the health check's reads, and deleting a removed node."""
 
     def __init__(self, access: KubeAccess, request_timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.server = access.server
@@ -141,7 +141,14 @@ class KubeApi:
 
     def get(self, path: str) -> Optional[dict]:
         """The JSON object at `path`, or None when the API answers 404."""
-        request = urllib.request.Request(self.server + path, headers={"Accept": "application/json"})
+        return self._request("GET", path)
+
+    def delete(self, path: str) -> Optional[dict]:
+        """DELETE `path`; None when it is already gone (404)."""
+        return self._request("DELETE", path)
+
+    def _request(self, method: str, path: str) -> Optional[dict]:
+        request = urllib.request.Request(self.server + path, headers={"Accept": "application/json"}, method=method)
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
@@ -152,10 +159,10 @@ class KubeApi:
                 return None
             retryable = exc.code not in (401, 403)
             hint = "" if retryable else " (the kubeconfig's credentials are refused)"
-            raise KubeApiError(f"GET {path}: HTTP {exc.code} {exc.reason}{hint}", retryable) from None
+            raise KubeApiError(f"{method} {path}: HTTP {exc.code} {exc.reason}{hint}", retryable) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise KubeApiError(f"GET {self.server}{path}: {reason}", retryable=True) from None
+            raise KubeApiError(f"{method} {self.server}{path}: {reason}", retryable=True) from None
 
 
 # ---------------------------------------------------------------- checks (pure)
@@ -257,6 +264,15 @@ def cluster_problems(api: KubeApi, expected_nodes: int) -> list[str]:
             raise
         problems.append(str(exc))
     return problems
+
+
+def delete_node(api: KubeApi, name: str) -> str:
+    """Delete a removed node's Node object (its kubelet is gone; the object would stay NotReady forever).
+    Returns the step taken: deleted, or already gone."""
+    from urllib.parse import quote
+
+    return "kubernetes-node-deleted" if api.delete(f"/api/v1/nodes/{quote(name)}") is not None \
+        else "kubernetes-node-already-gone"
 
 
 def wait_for_health(api: KubeApi, expected_nodes: int, timeout_seconds: float,
