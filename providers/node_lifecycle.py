@@ -71,11 +71,6 @@ def cluster_key(talosconfig) -> str | None:
     return hashlib.sha256(ca).hexdigest()[:16]
 
 
-def _running_tag(client) -> str:
-    reply = client.version(timeout=rolling.CALL_TIMEOUT)
-    return reply.messages[0].version.tag if reply.messages else ""
-
-
 def _timeout(props: dict[str, Any]) -> float:
     return float(props.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS)
 
@@ -98,12 +93,11 @@ def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event)
 
 def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
+    event = progress_printer("upgrade")
     with rolling.client_for(node, props["talosconfig"]) as client:
-        if props.get("talos_version") is None or _running_tag(client) != props.get("talos_version"):
-            snapshot_first(client, node, props, progress_printer("upgrade"))
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
-                             timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF,
-                             on_event=progress_printer("upgrade"))
+                             timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF, on_event=event,
+                             before_upgrade=lambda: snapshot_first(client, node, props, event))
 
 
 def kubernetes_step(props: dict[str, Any]) -> None:

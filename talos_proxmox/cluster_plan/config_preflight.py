@@ -11,15 +11,12 @@ patch from which it stayed. Messages never quote patch values. No Pulumi import.
 from __future__ import annotations
 
 import functools
-import re
-from typing import Any
 
 from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts
-from talos_proxmox.settings.stack import PROJECT, NodeSettings, Settings
+from talos_proxmox.settings.stack import PROJECT, NodeSettings, Settings, is_dns_name
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 @functools.lru_cache(maxsize=4)
@@ -28,26 +25,21 @@ def _placeholder_bundle(talos_version: str) -> dict:
     return secrets_bundle.generate_secrets(talos_version)
 
 
-def _is_dns_name(value: Any, max_length: int) -> bool:
-    return isinstance(value, str) and len(value) <= max_length and all(
-        _DNS_LABEL.match(label) for label in value.split("."))
-
-
 def _name_problems(documents: list[dict]) -> list[str]:
     """Names Talos would pass on to the kernel, DNS and Kubernetes: hostname and cluster DNS domain."""
     problems = []
     for document in documents:
         if document.get("kind") == "HostnameConfig" and "hostname" in document \
-                and not _is_dns_name(document["hostname"], 63):
+                and not is_dns_name(document["hostname"], 63):
             problems.append("HostnameConfig hostname is not a DNS hostname (expected lowercase letters, digits "
                             "and '-', at most 63)")
         if machine_config.document_id(document) == ("", "v1alpha1", ""):
             network = (document.get("machine") or {}).get("network") or {}
-            if "hostname" in network and not _is_dns_name(network["hostname"], 63):
+            if "hostname" in network and not is_dns_name(network["hostname"], 63):
                 problems.append("machine.network.hostname is not a DNS hostname (expected lowercase letters, "
                                 "digits and '-', at most 63)")
             domain = ((document.get("cluster") or {}).get("network") or {}).get("dnsDomain")
-            if domain is not None and not _is_dns_name(domain, 253):
+            if domain is not None and not is_dns_name(domain, 253):
                 problems.append("cluster.network.dnsDomain is not a DNS domain (expected lowercase labels, "
                                 "e.g. cluster.local)")
     return problems

@@ -144,7 +144,8 @@ def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expecte
 
 def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_version: Optional[str],
                  timeout: float, preflight_timeout: float = PREFLIGHT_TIMEOUT, backoff: Backoff = DEFAULT_BACKOFF,
-                 on_event: Optional[Event] = None, sleep=time.sleep, clock=time.monotonic) -> None:
+                 on_event: Optional[Event] = None, before_upgrade: Optional[Callable[[], None]] = None,
+                 sleep=time.sleep, clock=time.monotonic) -> None:
     """Upgrade one node to the installer `image` and wait until it is back, healthy, on `talos_version`.
 
     The node must be healthy first (a node that is already failing is not made worse). A node that
@@ -161,6 +162,8 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
     if talos_version is not None and tag_before == talos_version:
         event("already-upgraded", node.name)
         return
+    if before_upgrade is not None:
+        before_upgrade()  # e.g. the etcd snapshot, once it is certain the node is going down
     try:
         call_with_retry(lambda remaining: client.upgrade(image, timeout=min(CALL_TIMEOUT, remaining)),
                         timeout=max(deadline - clock(), 0.001), what=f"upgrade {node.name}", backoff=backoff,

@@ -352,9 +352,14 @@ def _matching(pattern: re.Pattern) -> Callable[[Any], str]:
     return check
 
 
+def is_dns_name(value: Any, max_length: int = 253) -> bool:
+    """Lowercase RFC 1123 labels joined by dots, at most `max_length` characters (63 for a hostname)."""
+    return isinstance(value, str) and len(value) <= max_length and all(_NAME.match(label) for label in value.split("."))
+
+
 def _dns_domain(v: Any) -> str:
-    """A DNS name of lowercase labels (RFC 1123), at most 253 characters: cluster.local, k8s.example.org."""
-    if not isinstance(v, str) or len(v) > 253 or not all(_NAME.match(label) for label in v.split(".")):
+    """A DNS name such as cluster.local or k8s.example.org."""
+    if not is_dns_name(v):
         raise ValueError
     return v
 
