@@ -15,6 +15,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from providers import check_result, has_unknowns
+from talos_proxmox.settings.stack import cluster_rename_problem
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 from talos_proxmox.talos_config.redaction import redact_config
 
@@ -39,7 +40,11 @@ def config_outputs(props: Mapping[str, Any], rendered: str) -> dict[str, Any]:
 
 
 class MachineConfigurationProvider(dynamic.ResourceProvider):
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        # Before anything is touched: a preview fails here, naming the key, and no node gets a config.
+        rename = cluster_rename_problem((olds or {}).get("cluster_name"), news.get("cluster_name"))
+        if rename is not None:
+            return dynamic.CheckResult(news, [dynamic.CheckFailure("cluster_name", rename)])
         if any(has_unknowns(news.get(k)) for k in CONFIG_INPUTS):
             return check_result(news, "", None)  # validated once the values are known
         try:

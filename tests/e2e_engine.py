@@ -374,7 +374,16 @@ class StandInCluster:
         raises, unless `fails` (then the error is in Up.error and the state is what the engine keeps)."""
         previous = self.monitors[-1].state if self.monitors else None
         plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
-        run_program(config, stack=STACK, preview=True, monitor=plan)
+        try:
+            run_program(config, stack=STACK, preview=True, monitor=plan)
+        except Exception as exc:  # noqa: BLE001 - a failed preview: `pulumi up` stops before changing anything
+            if not fails:
+                raise
+            abandon_pending_tasks()
+            plan.wait_for_steps()
+            return Up(plan, self.counts(), exc.program_run, plan, config,  # type: ignore[attr-defined]
+                      {n: list(f.calls) for n, f in self.nodes.items()}, {n: f.mode for n, f in self.nodes.items()},
+                      {}, exc)
         plan.delete_unregistered()
         after_preview = self.counts()
         monitor = DeploymentMonitor(engine_config(config), previous=previous)

@@ -75,6 +75,9 @@ def ups(tmp_path_factory) -> dict:
         without_cp2 = [node for node in without_cp3 if node[0] != CP2]
         done["unreachable"] = cluster.up(e2e_config(url, without_cp2, UPGRADE, kubernetes_version=NEW_KUBERNETES))
         done["etcd"] = {name: [m.hostname for m in cluster.nodes[name].etcd_members] for name in (CP1, CP2, CP3)}
+        renamed = e2e_config(url, without_cp2, UPGRADE, kubernetes_version=NEW_KUBERNETES)
+        renamed["cluster"]["name"] = "prod"
+        done["renamed"] = cluster.up(renamed, fails=True)
         yield done
 
 
@@ -266,3 +269,13 @@ def test_node_lifecycle_takes_an_unknown_talosconfig_as_unchanged_credentials():
     upgrade = {**olds, "talosconfig": Unknown(), "installer_image": "factory/installer/x:v1.13.8"}
     assert provider.diff(CP1, olds, upgrade).changes is True
     assert provider.diff(CP1, olds, {**olds, "talosconfig": talosconfig(bundle, ["127.0.0.2"])}).changes is True
+
+
+def test_renaming_the_cluster_is_refused_before_anything_changes(ups):
+    """cluster.name is in every node's config, keys discovery and owns the protected secrets: the first up
+    of a new name stops in the configs' check, naming the key and the deployed name, with nothing changed."""
+    before, renamed = ups["unreachable"], ups["renamed"]
+    assert "talos-proxmox:cluster.name: 'prod' renames the deployed cluster 'dev'" in str(renamed.error)
+    assert renamed.monitor.preview  # it stopped in the preview: the up itself never ran
+    for name in ROLL_ORDER:
+        assert renamed.new_calls(before, name) == [], name

@@ -140,3 +140,12 @@ def test_etcd_snapshots_default_on_and_can_be_turned_off():
     assert load_settings(raw).lifecycle.etcd_snapshots == EtcdSnapshots("/srv/backups", 2)
     raw["lifecycle"] = {"etcdSnapshots": {"enabled": False}}
     assert load_settings(raw).lifecycle.etcd_snapshots is None
+
+
+def test_only_a_change_of_a_deployed_cluster_name_is_a_rename():
+    from talos_proxmox.settings.stack import cluster_rename_problem
+
+    assert cluster_rename_problem(None, "dev") is None  # first deploy
+    assert cluster_rename_problem("dev", "dev") is None
+    assert cluster_rename_problem("dev", "prod").startswith(
+        "talos-proxmox:cluster.name: 'prod' renames the deployed cluster 'dev'")

@@ -1090,6 +1090,17 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     )
 
 
+def cluster_rename_problem(deployed: Optional[str], wanted: Optional[str]) -> Optional[str]:
+    """Why a deployed cluster cannot take a new cluster.name (None: it is not a rename). Talos writes the
+    name into every node's config, the discovery service keys on it and the secrets belong to it; changed
+    in place, the engine would also orphan the protected secrets half-way through an update."""
+    if not deployed or not wanted or deployed == wanted:
+        return None
+    return (f"{PROJECT}:cluster.name: {wanted!r} renames the deployed cluster {deployed!r}, which a running "
+            f"Talos cluster cannot take (expected {deployed!r}; for a cluster of the new name, make a new stack "
+            f"and move workloads, or `pulumi destroy` this one first)")
+
+
 def stack_file_config(path: str) -> dict[str, Any]:
     """This project's keys from a `stacks/Pulumi.<stack>.yaml`, prefix stripped, as `load_settings` takes them."""
     prefix = f"{PROJECT}:"
