@@ -27,11 +27,10 @@ from talos_proxmox.day_two.rolling import (
     CALL_TIMEOUT,
     DEFAULT_BACKOFF,
     Event,
-    NodeNotHealthy,
     RollNode,
 )
 from talos_proxmox.day_two.talos_health import etcd_member_of
-from talos_proxmox.talos_api import errors
+from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
 
@@ -98,24 +97,6 @@ def _remove_via_peer(node: RollNode, peers: Sequence[RollNode], client_for: Call
         "gone, drop this node's lifecycle resource from the state (pulumi state delete) instead.")
 
 
-def _wait_down(client: TalosClient, node: RollNode, *, timeout: float, backoff: Backoff, sleep, clock) -> bool:
-    def still_up(remaining: float) -> None:
-        try:
-            client.version(timeout=min(CALL_TIMEOUT, remaining))
-        except errors.TalosApiError as exc:
-            if errors.transient_while_rebooting(exc):
-                return
-            raise
-        raise NodeNotHealthy(f"{node.name} still answers")
-
-    try:
-        call_with_retry(still_up, timeout=timeout, what=f"wait for {node.name} to go down", backoff=backoff,
-                        retry_if=lambda e: isinstance(e, NodeNotHealthy), sleep=sleep, clock=clock)
-        return True
-    except GaveUp:
-        return False
-
-
 def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], peers: Sequence[RollNode] = (), *,
                 reset: bool = True, timeout: float = 600.0, reach_timeout: float = REACH_TIMEOUT,
                 cluster_key: Optional[str] = None,
@@ -157,7 +138,8 @@ def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], p
             _retrying(lambda t: client.reset(graceful=not last_member, reboot=False, timeout=t),
                       timeout=reach_timeout, what=f"reset {node.name}", **opts)
             step("reset")
-            step("down" if _wait_down(client, node, timeout=timeout, **opts) else "still-answering-after-reset")
+            step("down" if operations.went_down(client, node.name, timeout=timeout, **opts)
+                 else "still-answering-after-reset")
     return steps
 
 

@@ -75,10 +75,6 @@ def roll_order(nodes: Iterable[RollNode]) -> list[RollNode]:
     return [n for n in nodes if n.role == "controlplane"] + [n for n in nodes if n.role == "worker"]
 
 
-def _first(reply):
-    return reply.messages[0] if reply.messages else None
-
-
 def health_problems(client: TalosClient, node: RollNode, expected_tag: Optional[str] = None,
                     call_timeout: float = CALL_TIMEOUT) -> list[str]:
     """What keeps the node from being healthy right now (empty: healthy), as talos_health checks it;
@@ -125,7 +121,7 @@ def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expecte
 
     def gone_down(remaining: float) -> None:
         try:
-            reply = _first(client.version(timeout=min(CALL_TIMEOUT, remaining)))
+            reply = talos_health.first_message(client.version(timeout=min(CALL_TIMEOUT, remaining)))
         except errors.TalosApiError as exc:
             if errors.transient_while_rebooting(exc):
                 return  # unreachable: it is rebooting
@@ -158,7 +154,7 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
     deadline = clock() + timeout
     wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep, clock=clock)
     event("healthy-before", node.name)
-    tag_before = _first(client.version(timeout=CALL_TIMEOUT)).version.tag
+    tag_before = talos_health.first_message(client.version(timeout=CALL_TIMEOUT)).version.tag
     if talos_version is not None and tag_before == talos_version:
         event("already-upgraded", node.name)
         return

@@ -42,7 +42,7 @@ class Problem:
         return f"{self.check} on {self.node}: {self.seen}"
 
 
-def _first(reply):
+def first_message(reply):
     return reply.messages[0] if reply.messages else None
 
 
@@ -96,21 +96,21 @@ def node_problems(client: TalosClient, name: str, address: str, role: str, *, ex
                   timeout: float) -> list[Problem]:
     """What keeps one node from being healthy now (empty: healthy). Transport errors propagate."""
     problems = []
-    version = _first(client.version(timeout=timeout, node=address))
+    version = first_message(client.version(timeout=timeout, node=address))
     tag = version.version.tag if version is not None else ""
     if version is None:
         problems.append(Problem(APID_READY, name, "Version answered with no message"))
     elif expected_tag and tag != expected_tag:
         problems.append(Problem(TALOS_VERSION, name, f"reports Talos {tag or 'no version'}, expected {expected_tag}"))
     problems += boot_problems(client.machine_status(timeout=timeout, node=address), name)
-    listing = _first(client.service_list(timeout=timeout, node=address))
+    listing = first_message(client.service_list(timeout=timeout, node=address))
     problems += service_problems(listing.services if listing is not None else (), REQUIRED_SERVICES[role], name)
     return problems
 
 
 def etcd_problems(client: TalosClient, name: str, address: str, *, timeout: float) -> list[Problem]:
     """The cluster's etcd, asked of the node and then of every member it lists (see the module docstring)."""
-    own = _first(client.etcd_member_list(timeout=timeout, node=address))
+    own = first_message(client.etcd_member_list(timeout=timeout, node=address))
     members = list(own.members) if own is not None else []
     problems = []
     me = etcd_member_of(members, address)
@@ -123,8 +123,8 @@ def etcd_problems(client: TalosClient, name: str, address: str, *, timeout: floa
         if member.is_learner:
             problems.append(Problem(ETCD_MEMBER, who, "is still a learner"))
         try:
-            theirs = _first(client.etcd_member_list(timeout=timeout, node=host))
-            listing = _first(client.service_list(timeout=timeout, node=host))
+            theirs = first_message(client.etcd_member_list(timeout=timeout, node=host))
+            listing = first_message(client.service_list(timeout=timeout, node=host))
         except errors.TalosApiError as exc:
             problems.append(Problem(ETCD_CONTROL_PLANES, who, f"member at {host} does not answer as a node: {exc}"))
             continue

@@ -18,7 +18,7 @@ from . import errors
 from .client import APPLY_MODES, TalosClient, read_talosconfig
 from .kubeconfig import extract_kubeconfig
 from .generated.machine import machine_pb2
-from .retry import Backoff, call_with_retry, is_retryable
+from .retry import Backoff, GaveUp, call_with_retry, is_retryable
 
 DEFAULT_BACKOFF = Backoff(initial=2.0, factor=2.0, maximum=15.0)  # read at call time (tests shorten it)
 CALL_TIMEOUT = 60.0  # seconds for one RPC; the overall timeout bounds the whole operation
@@ -95,24 +95,41 @@ def wait_until_ready(client: TalosClient, *, timeout: float, what: str, backoff:
 
 
 REBOOT_START_TIMEOUT = 120.0  # a node that said it reboots and still answers after this did not
-REBOOT_POLL_SECONDS = 0.5
 
 
-def wait_until_down(client: TalosClient, node: str, *, timeout: float, sleep=time.sleep,
-                    clock=time.monotonic) -> None:
-    """Poll Version until the node stops answering (it is rebooting); TimeoutError if it never does."""
-    deadline = clock() + timeout
-    while True:
+class _StillAnswering(Exception):
+    retryable = True
+
+
+def went_down(client: TalosClient, name: str, *, timeout: float, backoff: Backoff | None = None,
+              sleep=time.sleep, clock=time.monotonic) -> bool:
+    """Poll Version until the node stops answering (rebooting, reset or powered off): True once it has,
+    False if it still answers at the deadline. Errors other than a node being away propagate."""
+
+    def still_up(remaining: float) -> None:
         try:
-            client.version(timeout=min(CALL_TIMEOUT, max(deadline - clock(), 0.001)))
+            client.version(timeout=min(CALL_TIMEOUT, remaining))
         except errors.TalosApiError as exc:
             if errors.transient_while_rebooting(exc):
                 return
             raise
-        if clock() >= deadline:
-            raise TimeoutError(f"node {node} said the configuration needs a reboot but kept answering for "
-                               f"{timeout:g}s without going down")
-        sleep(REBOOT_POLL_SECONDS)
+        raise _StillAnswering(f"{name} still answers")
+
+    try:
+        call_with_retry(still_up, timeout=timeout, what=f"wait for {name} to go down",
+                        backoff=backoff or DEFAULT_BACKOFF, retry_if=lambda e: isinstance(e, _StillAnswering),
+                        sleep=sleep, clock=clock)
+        return True
+    except GaveUp:
+        return False
+
+
+def wait_until_down(client: TalosClient, node: str, *, timeout: float, backoff: Backoff | None = None,
+                    sleep=time.sleep, clock=time.monotonic) -> None:
+    """`went_down`, for a node that said it reboots: TimeoutError if it never does."""
+    if not went_down(client, node, timeout=timeout, backoff=backoff, sleep=sleep, clock=clock):
+        raise TimeoutError(f"node {node} said the configuration needs a reboot but kept answering for "
+                           f"{timeout:g}s without going down")
 
 
 def apply_machine_configuration(
@@ -170,7 +187,7 @@ def apply_machine_configuration(
             # AUTO resolved to a reboot: the node goes down a moment after this reply. Returning now
             # would let the next node go down with it.
             wait_until_down(mtls, node, timeout=min(REBOOT_START_TIMEOUT, deadline.remaining()),
-                            sleep=sleep, clock=clock)
+                            backoff=backoff, sleep=sleep, clock=clock)
             rebooted = True
             wait = True
         if via == "mtls" and mode == "reboot":
