@@ -1,0 +1,135 @@
+"""The Proxmox VE host of the tests: fakepve's FakePve (the PVE JSON API over HTTPS, API tokens, tasks,
+pending config) with each VM tied to the stand-in Talos node that runs in it.
+
+What this adds to fakepve is the guest: a Proxmox reboot (`POST .../status/reboot`) takes the VM's
+FakeTalosNode down when the VM powers off and brings it up `boot_seconds` after the VM starts again,
+as Talos boots. Every power event is kept in time order in `power_events`, so a test can tell how many
+nodes were down at once. `vm_changed` does what the Proxmox provider does to a running VM whose
+cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the VM's config, which
+PVE keeps as pending until the next power cycle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from fakepve.certs import make_cert
+from fakepve.pytest_plugin import _Serving  # serves a FakePve on its own event loop thread
+from fakepve.server import FakePve
+from proxmoxer import ProxmoxAPI
+
+from tests.talos_api_server import FakeTalosNode
+
+HOST = "127.0.0.1"
+PVE_HOST = "pve1"
+TOKEN_ID = "root@pam!talos-proxmox-tests"
+TOKEN_SECRET = "9b1f3c52-61a4-4c2e-8d0a-3e7c5b9f2a14"  # a stand-in's token, not a credential
+
+
+@dataclass(frozen=True)
+class PowerEvent:
+    at: float  # time.monotonic()
+    vm_id: int
+    name: str
+    what: str  # "off" (the VM powered off; its node went down) or "up" (its node answers again)
+
+
+class ProxmoxStandIn(FakePve):
+    """A started one comes from `serve_proxmox()`."""
+
+    def __init__(self, boot_seconds: float = 0.2) -> None:
+        super().__init__(user="root@pam", password="stand-in", host=HOST, port=0)
+        self.time_scale = 0  # tasks end before their request returns; the guests keep real time
+        self.apitokens[TOKEN_ID] = TOKEN_SECRET
+        self.boot_seconds = boot_seconds
+        self.cafile: Optional[str] = None  # the certificate it serves, set by serve_proxmox
+        self.guests: dict[int, FakeTalosNode] = {}
+        self.power_events: list[PowerEvent] = []
+        self._events_lock = threading.Lock()
+
+    def provider_config(self) -> dict[str, str]:
+        """The stack config the Proxmox provider (and day two) read to reach this host."""
+        return {"proxmoxve:endpoint": self.url + "/", "proxmoxve:apiToken": f"{TOKEN_ID}={TOKEN_SECRET}",
+                "proxmoxve:insecure": "true"}
+
+    def client(self) -> ProxmoxAPI:
+        """A proxmoxer client with the stand-in's token, verifying its certificate."""
+        return ProxmoxAPI(HOST, port=self.port, user="root@pam", token_name=TOKEN_ID.split("!")[1],
+                          token_value=TOKEN_SECRET, verify_ssl=self.cafile, service="PVE")
+
+    def run_guest(self, vm_id: int, name: str, guest: FakeTalosNode, *, host: str = PVE_HOST,
+                  config: Optional[dict] = None) -> None:
+        """A running VM whose guest is `guest`."""
+        self.add_vm(vm_id, name, node=host, status="running", config=config)
+        self.guests[vm_id] = guest
+
+    def vm_changed(self, vm_id: int, changes: dict) -> None:
+        """The Proxmox provider's update of a running VM without a reboot: the changed keys, one PUT."""
+        vm = self.vm(vm_id)
+        self.client().nodes(vm.node).qemu(vm_id).config.put(**changes)
+
+    def _power_event(self, vm, what: str) -> None:
+        with self._events_lock:
+            self.power_events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
+
+    async def _do_reboot(self, vm, user, p):
+        # fakepve's reboot (a shutdown, then the pending config applied and the VM running again) with
+        # the guest going down at the power-off and answering once it has booted.
+        self._need_running(vm)
+        self._check_lock(vm)
+        guest = self.guests.get(vm.vmid)
+
+        async def body():
+            if guest is not None:
+                guest.go_down()
+                guest.reboots += 1
+            self._power_event(vm, "off")
+            await self._powerdown(vm, p)
+            vm.apply_pending()
+            vm.status = vm.qmpstatus = "running"
+            vm.started_at = time.time()
+            if guest is not None:
+                boot = threading.Timer(self.boot_seconds, self._boot, args=(vm, guest))
+                boot.daemon = True
+                boot.start()
+
+        return await self.task(vm.node, "qmreboot", vm.vmid, user, body, vm=vm)
+
+    def _boot(self, vm, guest: FakeTalosNode) -> None:
+        guest.come_up()
+        self._power_event(vm, "up")
+
+    def reboot_requests(self) -> list[str]:
+        """The paths of the reboots asked for, in order."""
+        return [path for method, path, _body in self.requests if method == "POST" and path.endswith("/status/reboot")]
+
+    def most_down_at_once(self, names) -> int:
+        """The most of the VMs named `names` powered off (or booting) at the same moment."""
+        down, most = set(), 0
+        with self._events_lock:
+            events = list(self.power_events)
+        for event in events:
+            if event.name not in names:
+                continue
+            (down.add if event.what == "off" else down.discard)(event.name)
+            most = max(most, len(down))
+        return most
+
+
+@contextlib.contextmanager
+def serve_proxmox(boot_seconds: float = 0.2) -> Iterator[ProxmoxStandIn]:
+    """A ProxmoxStandIn listening on https://127.0.0.1:<free port> with a self-signed certificate."""
+    pve = ProxmoxStandIn(boot_seconds)
+    with tempfile.TemporaryDirectory(prefix="pve-stand-in-") as pki:
+        certfile, keyfile, _der = make_cert(pki, hosts=(HOST,))
+        pve.cafile = certfile
+        serving = _Serving(pve, certfile, keyfile)
+        try:
+            yield pve
+        finally:
+            serving.stop()
