@@ -55,7 +55,8 @@ class TalosCluster(pulumi.ComponentResource):
         by_name = {node.name: node for node in settings.nodes}
         self.nodes: dict[str, TalosNode] = {}
         previous = None
-        for rolled in roll_order(RollNode(n.name, n.ip, n.role) for n in settings.nodes):
+        rolled_nodes = roll_order(RollNode(n.name, n.ip, n.role) for n in settings.nodes)
+        for index, rolled in enumerate(rolled_nodes, start=1):
             node = by_name[rolled.name]
             self.nodes[node.name] = TalosNode(
                 node.name, settings, node,
@@ -65,6 +66,7 @@ class TalosCluster(pulumi.ComponentResource):
                 secrets=self.secrets.bundle,
                 talosconfig=self.talosconfig_resource.talosconfig,
                 previous=previous,
+                position=f"{index} of {len(rolled_nodes)}",
                 opts=child)
             previous = self.nodes[node.name]
 

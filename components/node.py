@@ -11,7 +11,7 @@ from typing import Optional
 import pulumi
 import pulumi_proxmoxve as proxmoxve
 
-from talos_proxmox.cluster_plan.resource_inputs import machine_config_inputs
+from talos_proxmox.cluster_plan.resource_inputs import machine_config_inputs, vm_facts
 from providers.machine_configuration import MachineConfiguration
 from providers.node_lifecycle import NodeLifecycle
 from talos_proxmox.settings.stack import NodeSettings, Settings
@@ -75,6 +75,9 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
         started=True,
         # Talos is reset through its API before the VM goes (day-two hooks); then a hard stop is safe.
         stop_on_destroy=True,
+        # A change of cores, memory or CPU type waits as pending config: rebooting every changed VM at
+        # once would take etcd's quorum down. The node's lifecycle reboots them one at a time, health-gated.
+        reboot_after_update=False,
     )
 
 
@@ -115,7 +118,8 @@ class TalosNode(pulumi.ComponentResource):
     (upgrades, leave + reset on removal) and the apply that sends the configuration.
 
     `previous` is the node before this one in roll order (control planes first): its lifecycle must
-    finish before this node's, so upgrades run one node at a time. Parts: `vm`,
+    finish before this node's, so upgrades run one node at a time. `position` ("2 of 4") is its place
+    in that order, for progress lines. Parts: `vm`,
     `machine_configuration`, `lifecycle`, `apply`.
     """
 
@@ -130,6 +134,7 @@ class TalosNode(pulumi.ComponentResource):
         secrets: pulumi.Input[dict],
         talosconfig: pulumi.Input[str],
         previous: Optional["TalosNode"] = None,
+        position: Optional[str] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("talos-proxmox:index:TalosNode", name, None, opts)
@@ -150,6 +155,7 @@ class TalosNode(pulumi.ComponentResource):
             machine_configuration=self.machine_configuration.machine_configuration, talosconfig=talosconfig,
             timeout_seconds=settings.lifecycle.timeout_seconds, reset_on_delete=settings.lifecycle.reset_on_delete,
             etcd_snapshots=etcd_snapshot_inputs(settings),
+            vm=vm_facts(settings, node), vm_id=self.vm.vm_id, position=position,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.vm, *([previous.lifecycle] if previous else [])]))
 

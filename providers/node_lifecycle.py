@@ -6,6 +6,11 @@
   healthy on the new Talos version).
 - update, Kubernetes version changed: the node's new configuration is applied (mTLS, auto) and the
   node must be healthy again before the update returns.
+- update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Proxmox reboot
+  that applies the VM's pending config, healthy again), through the Proxmox API with the provider's
+  own credentials (proxmoxve:* config or PROXMOX_VE_* variables, read in `configure`).
+- check: a change of the VM that Proxmox can only make by re-creating it (host, VM id, MAC) or that
+  loses data (a smaller or removed disk) is refused before anything changes (`in_place_problems`).
 - delete: `node_removal.remove_node` (etcd leave or removal through a peer, then reset).
 
 One at a time, control planes first, comes from how the resources are wired, not from here: each
@@ -26,8 +31,10 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_removal, rolling
+from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_removal, rolling, vm_hardware
 from talos_proxmox.day_two.progress import progress_printer
+from talos_proxmox.proxmox_api import vms
+from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns
 from talos_proxmox.talos_api import errors, operations
@@ -35,10 +42,11 @@ from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
-          "timeout_seconds", "reset_on_delete", "etcd_snapshots", "talosconfig")
+          "timeout_seconds", "reset_on_delete", "etcd_snapshots", "vm", "vm_id", "position", "talosconfig")
 # The talosconfig's endpoints and nodes change whenever a node is added; only its credentials matter
-# here, so adding a node leaves every other node's NodeLifecycle unchanged.
-_COMPARED_AS_IS = tuple(key for key in INPUTS if key != "talosconfig")
+# here, so adding a node leaves every other node's NodeLifecycle unchanged. The same for the node's
+# place in the roll ("2 of 4", for progress lines) and the VM id Proxmox reports (the stack's is in `vm`).
+_COMPARED_AS_IS = tuple(key for key in INPUTS if key not in ("talosconfig", "position", "vm_id"))
 
 
 def _node(props: dict[str, Any]) -> rolling.RollNode:
@@ -93,7 +101,7 @@ def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event)
 
 def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
-    event = progress_printer("upgrade")
+    event = progress_printer("upgrade", position=props.get("position"))
     with rolling.client_for(node, props["talosconfig"]) as client:
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
                              timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF, on_event=event,
@@ -113,9 +121,31 @@ def kubernetes_step(props: dict[str, Any]) -> None:
         rolling.wait_healthy(client, node, timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
 
 
+def hardware_step(props: dict[str, Any], changes: dict[str, tuple], proxmox: ProxmoxAccess) -> None:
+    node = _node(props)
+    vm = vms.VmRef(props["vm"]["host"], int(props["vm_id"]))
+    with rolling.client_for(node, props["talosconfig"]) as client:
+        vm_hardware.apply_hardware(client, proxmox.connect(), node, vm, changes, timeout=_timeout(props),
+                                   backoff=rolling.DEFAULT_BACKOFF,
+                                   on_event=progress_printer("hardware", position=props.get("position")))
+
+
 class NodeLifecycleProvider(dynamic.ResourceProvider):
-    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = []
+    def configure(self, req: dynamic.ConfigureRequest) -> None:
+        # The host passes the whole stack config (namespaces kept); read only when a VM change rolls.
+        self._config_get = req.config.get
+
+    def _proxmox(self, node: rolling.RollNode) -> ProxmoxAccess:
+        try:
+            return ProxmoxAccess.from_settings(getattr(self, "_config_get", lambda _key: None))
+        except ProxmoxAccessError as exc:
+            raise rolling.RollError(node, f"its VM's hardware changed, which rolls through the Proxmox API: "
+                                          f"{exc}") from None
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        failures = [dynamic.CheckFailure("vm", problem)
+                    for problem in vm_hardware.in_place_problems(news.get("node_name"), olds.get("vm"),
+                                                                 news.get("vm") or {})]
         if news.get("role") not in rolling.REQUIRED_SERVICES:
             failures.append(dynamic.CheckFailure(
                 "role", f"role: {news.get('role')!r} is not a node role (expected controlplane or worker)"))
@@ -145,6 +175,9 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
             upgrade_step(news)
         if olds.get("kubernetes_version") != news.get("kubernetes_version"):
             kubernetes_step(news)
+        changes = vm_hardware.hardware_changes(olds.get("vm"), news.get("vm") or {})
+        if changes:
+            hardware_step(news, changes, self._proxmox(_node(news)))
         return dynamic.UpdateResult(outs=_outputs(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
@@ -153,24 +186,24 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         talosconfig = props["talosconfig"]
         node = _node(props)
+        event = progress_printer("remove", position=props.get("position"))
         try:
             with rolling.client_for(node, talosconfig) as client:
-                snapshot_first(client, node, props, progress_printer("remove"))
+                snapshot_first(client, node, props, event)
         except errors.TalosApiError as exc:  # a node already gone has no etcd to save; its peers keep theirs
-            progress_printer("remove")(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
+            event(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
         peers = _peers(props)
         node_removal.remove_node(
             _node(props), lambda node: rolling.client_for(node, talosconfig), peers,
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
             reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF,
-            cluster_key=cluster_key(talosconfig), on_event=progress_printer("remove"))
-        delete_kubernetes_node(node, peers, talosconfig, _timeout(props))
+            cluster_key=cluster_key(talosconfig), on_event=event)
+        delete_kubernetes_node(node, peers, talosconfig, _timeout(props), event)
 
 
-def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: float) -> None:
+def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: float, event) -> None:
     """The removed node's Node object, deleted through a kubeconfig from a remaining control plane. With
     none left (the cluster itself is going), there is nothing to clean up: reported, not an error."""
-    event = progress_printer("remove")
     problems = []
     for peer in peers:
         try:
@@ -205,7 +238,8 @@ class NodeLifecycle(dynamic.Resource):
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  reset_on_delete: bool = True, etcd_snapshots: Optional[dict] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 vm: Optional[dict] = None, vm_id: Optional[pulumi.Input[int]] = None,
+                 position: Optional[str] = None, opts: Optional[pulumi.ResourceOptions] = None):
         props = {
             "node_name": node_name, "address": address, "endpoint": endpoint, "role": role,
             "installer_image": installer_image, "talos_version": talos_version,
@@ -213,6 +247,8 @@ class NodeLifecycle(dynamic.Resource):
             "timeout_seconds": timeout_seconds, "reset_on_delete": reset_on_delete,
             # {directory, keep, cluster} or None; the directory as the stack says (relative to the project).
             "etcd_snapshots": etcd_snapshots,
+            # The VM as the stack says it (resource_inputs.vm_facts), the id Proxmox gave it, "n of N".
+            "vm": vm, "vm_id": vm_id, "position": position,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
         }

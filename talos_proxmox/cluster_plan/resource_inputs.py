@@ -64,3 +64,13 @@ def talosconfig_inputs(settings: Settings) -> dict[str, Any]:
         endpoints=[n.ip for n in settings.control_planes],
         nodes=[settings.bootstrap_node.ip],
     )
+
+
+def vm_facts(settings: Settings, node: NodeSettings) -> dict[str, Any]:
+    """The node's VM as its NodeLifecycle records it (talos_proxmox.day_two.vm_hardware): what may roll
+    (cores, memory, CPU type) and what may not change in place (host, VM id, MAC, smaller disks)."""
+    return dict(
+        host=node.proxmox_node, vm_id=node.vm_id, mac=node.mac, cores=node.cpu, memory_mib=node.memory_mib,
+        cpu_type=settings.proxmox.cpu_type, disk_gb=node.disk_gb,
+        data_disk_gb=node.data_disk.size_gb if node.data_disk is not None else None,
+    )

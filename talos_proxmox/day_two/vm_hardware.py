@@ -1,0 +1,102 @@
+"""A node's VM on day two: which stack changes it can take in place, and how hardware changes roll.
+
+The VM is created with `reboot_after_update: false`, so a change of cores, memory or CPU type on a
+running VM waits in Proxmox as pending config instead of rebooting every VM at once (three control
+planes rebooting together lose etcd quorum). The node's NodeLifecycle then brings the change in, one
+node at a time in roll order: healthy first, a Proxmox reboot (which applies pending config), healthy
+again. A change Proxmox would make by re-creating the VM, or one that loses data, is refused before
+anything changes, with the way to do it.
+
+`vm` is the NodeLifecycle's record of the VM as the stack says it (`vm_facts` in the component):
+host, vm_id (None: Proxmox picks), mac, cores, memory_mib, cpu_type, disk_gb, data_disk_gb (or None).
+No Pulumi here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Optional
+
+from talos_proxmox.day_two import rolling
+from talos_proxmox.proxmox_api import vms
+from talos_proxmox.talos_api.retry import Backoff
+
+HARDWARE = {"cores": "cpu", "memory_mib": "memory", "cpu_type": "proxmox.cpuType"}  # fact -> stack key
+REBOOT_SHUTDOWN_SECONDS = 300  # Talos stops its services before powering off; PVE's own default is 180
+
+
+def hardware_changes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> dict[str, tuple]:
+    """fact -> (old, new) for the hardware that changed. A VM recorded before this was tracked has none."""
+    if not old:
+        return {}
+    return {fact: (old.get(fact), new.get(fact)) for fact in HARDWARE if old.get(fact) != new.get(fact)}
+
+
+def _two_ups(node: str, setting: str) -> str:
+    return (f"to change it, take {node} out of nodes and `pulumi up` (it leaves etcd and is reset), then add it "
+            f"back with the new {setting} and `pulumi up` again")
+
+
+def in_place_problems(node: str, old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[str]:
+    """Why the stack's change to this node's VM cannot be made without re-creating the VM or losing data;
+    empty when it can. Re-creating a VM keeps its VM id or MAC for a moment on two VMs and boots the new
+    one unconfigured, so those changes go through a removal and an addition instead."""
+    if not old:
+        return []
+    problems = []
+    identity = (("host", "proxmoxNode", "Proxmox host"), ("vm_id", "vmId", "VM id"), ("mac", "mac", "MAC address"))
+    for fact, key, what in identity:
+        before, after = old.get(fact), new.get(fact)
+        if before is not None and after is not None and before != after:
+            problems.append(f"node {node}: {key} {before!r} -> {after!r} would replace its VM (a new {what} is a "
+                            f"new VM to Proxmox), taking the node down unconfigured; {_two_ups(node, key)}")
+    disks = (("disk_gb", "disk"), ("data_disk_gb", "dataDisk.size"))
+    for fact, key in disks:
+        before, after = old.get(fact), new.get(fact)
+        if before is None:
+            continue
+        if after is None:
+            problems.append(f"node {node}: {key.split('.')[0]} removed (was {before} GiB): its data would be lost; "
+                            f"{_two_ups(node, 'disks')}")
+        elif after < before:
+            problems.append(f"node {node}: {key} {before} -> {after} GiB: Proxmox cannot shrink a disk; keep "
+                            f"{before} GiB or more, or {_two_ups(node, key)}")
+    return problems
+
+
+def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: Mapping[str, tuple], *,
+                   timeout: float, backoff: Backoff = rolling.DEFAULT_BACKOFF,
+                   preflight_timeout: float = rolling.PREFLIGHT_TIMEOUT,
+                   on_event: Optional[rolling.Event] = None, sleep: Callable[[float], None] = time.sleep,
+                   clock: Callable[[], float] = time.monotonic) -> None:
+    """Bring the VM's pending hardware in: node healthy, Proxmox reboot, node healthy again.
+
+    `client` is the node's Talos client, `api` a Proxmox client (proxmoxer). With nothing pending
+    (Proxmox hot-plugged the change) the node is not rebooted. RollError names the node on failure.
+    """
+    event = on_event or (lambda _what, _name: None)
+    deadline = clock() + timeout
+    what = ", ".join(f"{HARDWARE[fact]} {before} -> {after}" for fact, (before, after) in changes.items())
+    rolling.wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep,
+                         clock=clock)
+    event("healthy-before", node.name)
+    try:
+        pending = vms.pending_changes(api, vm)
+    except Exception as exc:  # noqa: BLE001 - proxmoxer raises its own and requests' errors
+        raise rolling.RollError(node, f"reading the pending config of {vm} failed: {exc}") from None
+    if not pending:
+        event(f"hardware-applied-live ({what})", node.name)
+        return
+    event(f"reboot-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
+    try:
+        vms.reboot(api, vm, timeout=min(REBOOT_SHUTDOWN_SECONDS, max(deadline - clock(), 1.0)), sleep=sleep,
+                   clock=clock)
+    except Exception as exc:  # noqa: BLE001 - the task's failure, named by node
+        raise rolling.RollError(node, f"rebooting {vm} to apply {what} failed: {exc}") from None
+    event("vm-rebooted", node.name)
+    rolling.wait_healthy(client, node, timeout=max(deadline - clock(), 0.001), backoff=backoff, sleep=sleep,
+                         clock=clock)
+    left = vms.pending_changes(api, vm)
+    if left:
+        raise rolling.RollError(node, f"{vm} rebooted but still has pending config: {', '.join(sorted(left))}")
+    event("healthy", node.name)

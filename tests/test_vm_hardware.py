@@ -1,0 +1,207 @@
+"""A node's VM on day two: which changes are refused before anything changes, and how cores, memory
+or CPU type roll in through the Proxmox API (the PVE stand-in) with the node's health gating it."""
+
+import pytest
+
+from providers.node_lifecycle import NodeLifecycleProvider
+from talos_proxmox.day_two import rolling, vm_hardware
+from talos_proxmox.day_two.rolling import RollError
+from talos_proxmox.proxmox_api import vms
+from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
+from tests import seed_cluster as seed
+from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.pve_stand_in import PVE_HOST, TOKEN_SECRET, serve_proxmox
+
+VM_ID = 9101
+OLD = dict(host=PVE_HOST, vm_id=VM_ID, mac="bc:24:11:00:01:01", cores=2, memory_mib=4096, cpu_type="host",
+           disk_gb=20, data_disk_gb=None)
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    monkeypatch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
+    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+
+
+@pytest.fixture
+def node(bundle):
+    nodes, fakes = stand_in_cluster(bundle, [("cp-1", "10.5.0.1", "controlplane")])
+    yield nodes["cp-1"], fakes["cp-1"]
+    stop_all(fakes)
+
+
+@pytest.fixture
+def pve(node):
+    _, fake = node
+    with serve_proxmox(boot_seconds=0.3) as pve:
+        pve.run_guest(VM_ID, "cp-1", fake, config={"cores": 2, "memory": "4096", "cpu": "host"})
+        yield pve
+
+
+def _apply(credentials, roll_node, pve, changes, events, timeout=10.0):
+    with TalosClient([roll_node.endpoint], credentials=credentials, node=roll_node.address, timeout=5) as client:
+        vm_hardware.apply_hardware(client, pve.client(), roll_node, vms.VmRef(PVE_HOST, VM_ID), changes,
+                                   timeout=timeout, backoff=FAST, on_event=lambda what, name: events.append(what))
+
+
+# --- what may change in place --------------------------------------------------------------------
+
+def test_cores_memory_and_cpu_type_are_the_hardware_that_rolls():
+    new = {**OLD, "cores": 4, "memory_mib": 8192, "cpu_type": "x86-64-v3", "disk_gb": 30}
+    assert vm_hardware.hardware_changes(OLD, new) == {"cores": (2, 4), "memory_mib": (4096, 8192),
+                                                      "cpu_type": ("host", "x86-64-v3")}
+    assert vm_hardware.hardware_changes(OLD, {**OLD, "disk_gb": 30}) == {}  # a bigger disk: the provider resizes live
+    assert vm_hardware.hardware_changes(None, new) == {}  # recorded before VMs were tracked: nothing to roll
+    assert vm_hardware.in_place_problems("cp-1", OLD, new) == []
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"host": "pve2"}, "node cp-1: proxmoxNode 'pve1' -> 'pve2' would replace its VM (a new Proxmox host"),
+    ({"vm_id": 9201}, "node cp-1: vmId 9101 -> 9201 would replace its VM (a new VM id"),
+    ({"mac": "bc:24:11:00:01:99"}, "node cp-1: mac 'bc:24:11:00:01:01' -> 'bc:24:11:00:01:99' would replace its VM"),
+    ({"disk_gb": 10}, "node cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk; keep 20 GiB or more"),
+])
+def test_changes_that_would_replace_the_vm_or_lose_data_are_refused_with_the_way_to_do_them(change, expected):
+    [problem] = vm_hardware.in_place_problems("cp-1", OLD, {**OLD, **change})
+    assert problem.startswith(expected)
+    assert "take cp-1 out of nodes and `pulumi up`" in problem and "add it back" in problem
+
+
+def test_a_data_disk_may_be_added_or_grown_but_not_removed_or_shrunk():
+    with_data = {**OLD, "data_disk_gb": 50}
+    assert vm_hardware.in_place_problems("w-1", OLD, with_data) == []
+    assert vm_hardware.in_place_problems("w-1", with_data, {**OLD, "data_disk_gb": 80}) == []
+    [removed] = vm_hardware.in_place_problems("w-1", with_data, OLD)
+    assert removed.startswith("node w-1: dataDisk removed (was 50 GiB): its data would be lost")
+    [shrunk] = vm_hardware.in_place_problems("w-1", with_data, {**OLD, "data_disk_gb": 40})
+    assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB")
+
+
+def test_a_vm_id_proxmox_picked_is_not_a_change():
+    assert vm_hardware.in_place_problems("cp-1", {**OLD, "vm_id": None}, OLD) == []
+
+
+# --- the roll of one node, against the PVE and Talos stand-ins ------------------------------------
+
+def test_pending_hardware_comes_in_through_one_proxmox_reboot_between_two_health_checks(node, pve, credentials):
+    roll_node, fake = node
+    pve.vm_changed(VM_ID, {"cores": 4, "memory": 8192})
+    events, before = [], len(pve.requests)
+    _apply(credentials, roll_node, pve, {"cores": (2, 4), "memory_mib": (4096, 8192)}, events, timeout=600)
+
+    vm = f"/api2/json/nodes/{PVE_HOST}/qemu/{VM_ID}"
+    calls = pve.requests[before:]
+    assert [(method, path) for method, path, _ in calls[:2]] == [("GET", f"{vm}/pending"),
+                                                                ("POST", f"{vm}/status/reboot")]
+    assert calls[1][2] == b"timeout=300"  # time for Talos's own shutdown, not PVE's default of 180 s
+    task = calls[2][1]
+    assert calls[2][0] == "GET" and task.startswith(f"/api2/json/nodes/{PVE_HOST}/tasks/UPID:{PVE_HOST}:")
+    assert f":qmreboot:{VM_ID}:" in task and task.endswith("/status")
+    assert [(method, path) for method, path, _ in calls[3:]] == [("GET", f"{vm}/pending")]
+    assert fake.reboots == 1 and [e.what for e in pve.power_events] == ["off", "up"]
+    # fakepve keeps config values as the PUT sent them, as strings
+    assert (pve.vm(VM_ID).config["cores"], pve.vm(VM_ID).config["memory"]) == ("4", "8192")
+    assert pve.vm(VM_ID).pending == {}
+    assert events == ["healthy-before", "reboot-requested (cpu 2 -> 4, memory 4096 -> 8192; pending: cores, memory)",
+                      "vm-rebooted", "healthy"]
+    # The node was asked for its health before the reboot and after it came back.
+    service_lists = [c.at for c in fake.calls_for("ServiceList")]
+    [off] = [e.at for e in pve.power_events if e.what == "off"]
+    assert min(service_lists) < off < max(service_lists)
+
+
+def test_nothing_pending_means_proxmox_took_it_live_and_the_node_is_not_rebooted(node, pve, credentials):
+    roll_node, fake = node
+    events = []
+    _apply(credentials, roll_node, pve, {"cores": (2, 4)}, events)
+    assert pve.reboot_requests() == [] and fake.reboots == 0
+    assert events == ["healthy-before", "hardware-applied-live (cpu 2 -> 4)"]
+
+
+def test_an_unhealthy_node_is_not_rebooted(node, pve, credentials):
+    roll_node, fake = node
+    fake.services[1] = type(fake.services[1])(id="etcd", state="Running")  # etcd not healthy
+    pve.vm_changed(VM_ID, {"cores": 4})
+    with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): .*etcd"):
+        _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=1.0)
+    assert pve.reboot_requests() == [] and pve.vm(VM_ID).pending == {"cores": "4"}
+
+
+def test_a_failed_reboot_task_stops_the_roll_naming_the_node_and_what_pve_said(node, pve, credentials):
+    roll_node, fake = node
+    pve.vm(VM_ID).acpi = False  # the guest ignores the ACPI shutdown: PVE's task times out
+    pve.vm_changed(VM_ID, {"memory": 8192})
+    with pytest.raises(RollError) as failed:
+        _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, [])
+    assert str(failed.value) == ("node cp-1 (10.5.0.1): rebooting VM 9101 on pve1 to apply memory 4096 -> 8192 "
+                                 "failed: task qmreboot of VM 9101 on pve1 ended with: "
+                                 "VM quit/powerdown failed - got timeout")
+
+
+def test_a_node_that_does_not_come_back_stops_the_roll_naming_it(node, credentials):
+    roll_node, fake = node
+    with serve_proxmox(boot_seconds=30) as pve:  # boots long after the roll's deadline
+        pve.run_guest(VM_ID, "cp-1", fake, config={"cores": 2})
+        pve.vm_changed(VM_ID, {"cores": 4})
+        with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): "):
+            _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=2.0)
+        assert [e.what for e in pve.power_events] == ["off"]
+
+
+# --- through the NodeLifecycle provider, with the stack's Proxmox credentials ---------------------
+
+def _props(bundle, roll_node, vm, **changes):
+    talosconfig = make_talosconfig(bundle, "test", [roll_node.endpoint])
+    return {"node_name": "cp-1", "address": roll_node.address, "endpoint": roll_node.endpoint, "role": "controlplane",
+            "installer_image": f"factory.talos.dev/installer/{seed.SCHEMATIC}:v1.12.6", "talos_version": "v1.12.6",
+            "kubernetes_version": "1.34.1", "timeout_seconds": 10, "reset_on_delete": True, "talosconfig": talosconfig,
+            "vm": vm, "vm_id": VM_ID, "position": "1 of 1",
+            "machine_configuration": "version: v1alpha1\nmachine:\n  type: controlplane\n", **changes}
+
+
+def _configured(config):
+    from pulumi.dynamic import Config, ConfigureRequest
+
+    provider = NodeLifecycleProvider()
+    provider.configure(ConfigureRequest(Config(raw_config=config, project_name="talos-proxmox")))
+    return provider
+
+
+def test_the_provider_rolls_a_memory_change_with_the_stacks_proxmox_token(node, pve, bundle, capfd):
+    roll_node, fake = node
+    provider = _configured(pve.provider_config())
+    olds = provider.create(_props(bundle, roll_node, OLD)).outs
+    pve.vm_changed(VM_ID, {"memory": 8192})
+    new = {**OLD, "memory_mib": 8192}
+    assert provider.diff("id", olds, _props(bundle, roll_node, new)).changes is True
+    outs = provider.update("id", olds, _props(bundle, roll_node, new)).outs
+    assert outs["vm"]["memory_mib"] == 8192 and fake.reboots == 1
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("talos-proxmox: hardware")]
+    assert [line.split(": ", 2)[1] for line in lines] == ["hardware cp-1 (1 of 1)"] * 4
+    assert lines[1].startswith("talos-proxmox: hardware cp-1 (1 of 1): reboot-requested (memory 4096 -> 8192; "
+                               "pending: memory) (")
+    assert TOKEN_SECRET not in err
+
+
+def test_the_provider_refuses_a_vm_id_change_in_check(node, bundle):
+    roll_node, _ = node
+    failures = NodeLifecycleProvider().check(_props(bundle, roll_node, OLD),
+                                             _props(bundle, roll_node, {**OLD, "vm_id": 9300})).failures
+    assert [(f.property, f.reason.split(" would ")[0]) for f in failures] == [("vm", "node cp-1: vmId 9101 -> 9300")]
+
+
+def test_without_proxmox_credentials_the_roll_stops_before_the_node_is_touched(node, bundle, monkeypatch):
+    roll_node, fake = node
+    for variable in ("PROXMOX_VE_ENDPOINT", "PROXMOX_VE_API_TOKEN", "PROXMOX_VE_USERNAME", "PROXMOX_VE_PASSWORD"):
+        monkeypatch.delenv(variable, raising=False)
+    provider = _configured({})
+    olds = provider.create(_props(bundle, roll_node, OLD)).outs
+    with pytest.raises(RollError) as failed:
+        provider.update("id", olds, _props(bundle, roll_node, {**OLD, "cores": 4}))
+    assert str(failed.value) == ("node cp-1 (10.5.0.1): its VM's hardware changed, which rolls through the Proxmox "
+                                 "API: proxmoxve:endpoint is not set (nor PROXMOX_VE_ENDPOINT): expected the Proxmox "
+                                 "API's URL, e.g. https://pve.lab.local:8006/")
+    assert fake.reboots == 0
