@@ -23,6 +23,10 @@ CDROM_INTERFACE = "ide2"
 CLOUD_INIT_INTERFACE = "ide0"
 BOOT_DISK_INTERFACE = "scsi0"
 DATA_DISK_INTERFACE = "scsi1"
+# Inputs the Proxmox provider changes by replacing the VM (a new VM, unconfigured, while the old one is
+# hard-stopped in etcd). The node's lifecycle refuses these changes in its check, with the way to make
+# them; ignoring them here keeps the VM even when that check comes too late (`pulumi up --skip-preview`).
+VM_IDENTITY_INPUTS = ["vmId", "nodeName", "networkDevices[0].macAddress"]
 
 
 def vm_tags(settings: Settings, node: NodeSettings) -> list[str]:
@@ -141,7 +145,8 @@ class TalosNode(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         c = settings.cluster
 
-        self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id), opts=child)
+        self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id),
+                                     opts=pulumi.ResourceOptions(parent=self, ignore_changes=VM_IDENTITY_INPUTS))
 
         inputs = machine_config_inputs(settings, node, installer_image)
         self.machine_configuration = MachineConfiguration(f"machineconfig-{name}", secrets=secrets, **inputs,

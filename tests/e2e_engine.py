@@ -23,8 +23,10 @@ After the program, `delete_unregistered()` deletes what the previous run left an
 register, as the engine does at the end of a deployment: delete(id, old outputs), each resource
 before those it depends on; skipped in a preview, which only plans them.
 Not emulated: replacements (a diff asking for one fails the run). Proxmox, Kubernetes and Helm
-resources are echoed as tests/mocked_program.py does; they are kept in `state` (no outputs) only so
-that their deletes are steps too, in dependency order (a removed node's VM after its lifecycle).
+resources are echoed as tests/mocked_program.py does; they are kept in `state` (their inputs, no
+outputs) so that their deletes are steps too, in dependency order (a removed node's VM after its
+lifecycle), and `on_echo(type, name, old inputs or None, new inputs)` hears of each, as their
+provider would (StandInCluster has the PVE stand-in make or change the VM).
 """
 
 from __future__ import annotations
@@ -61,9 +63,11 @@ from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import Backoff
 from tests.factory_stand_in import StandInFactory
 from tests.mocked_program import PROVIDER_KEY, ProgramRun, RecordingMocks, RecordingMonitor, run_program, stack_config
+from tests.pve_stand_in import ProxmoxStandIn, serve_proxmox
 from tests.talos_api_server import FakeTalosNode, RecordedCall
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class _DeploymentMocks(RecordingMocks):
         if args.typ == DYNAMIC_TYPE:
             return self.monitor.step(args)
         id_, outputs = super().new_resource(args)
-        self.monitor.echoed(id_)
+        self.monitor.echoed(id_, args)
         return id_, outputs
 
 
@@ -117,8 +121,10 @@ class DeploymentMonitor(RecordingMonitor):
     """A resource monitor for run_program(monitor=...) that deploys dynamic resources (see module doc)."""
 
     def __init__(self, config: Optional[Mapping[str, Any]] = None,
-                 previous: Optional[Mapping[str, ResourceState]] = None, preview: bool = False):
+                 previous: Optional[Mapping[str, ResourceState]] = None, preview: bool = False,
+                 on_echo: Optional[Callable[[str, str, Optional[dict], dict], None]] = None):
         super().__init__(_DeploymentMocks(self))
+        self.on_echo = on_echo
         self.config = dict(config or {})  # full keys (`<namespace>:<key>`) as the engine sends them
         self.previous = dict(previous or {})
         self.preview = preview
@@ -147,14 +153,20 @@ class DeploymentMonitor(RecordingMonitor):
         [found] = [s for s in self.state.values() if s.urn.endswith(f"::{name}")]
         return found
 
-    def echoed(self, id_: str) -> None:
-        """Keep an echoed (non-dynamic) resource in state, so that removing it is a delete step."""
+    def echoed(self, id_: str, args: pulumi.runtime.MockResourceArgs) -> None:
+        """Keep an echoed (non-dynamic) resource in state, so that removing it is a delete step, and tell
+        `on_echo` what its provider would be asked to do."""
         request = getattr(self._request, "current", None)  # None for a read (`Resource.get`)
         if self.preview or request is None or not request.custom:
             return
         urn = self.make_urn(request.parent, request.type, request.name)
+        old = self.previous.get(urn)
+        inputs = {key: rpc.unwrap_rpc_secret(value) for key, value in args.inputs.items()}
+        if self.on_echo is not None:
+            self.on_echo(request.type, request.name, dict(old.inputs) if old else None, inputs)
         with self._state_lock:
-            self.state[urn] = ResourceState(urn, id_, {}, {}, frozenset(), tuple(request.dependencies), dynamic=False)
+            self.state[urn] = ResourceState(urn, id_, inputs, {}, frozenset(), tuple(request.dependencies),
+                                            dynamic=False)
 
     def step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         with self._in_flight:
@@ -260,9 +272,11 @@ REACH_TIMEOUT = 1.0  # how long an unanswering node is tried before it counts as
 
 
 def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional[Mapping[str, list]] = None,
-               kubernetes_version: Optional[str] = None, health: Optional[dict] = None) -> dict:
+               kubernetes_version: Optional[str] = None, health: Optional[dict] = None,
+               hardware: Optional[Mapping[str, int]] = None) -> dict:
     """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` [(name, role, ip)] at 127.0.0.x, the factory
-    stand-in, per-node `patches` by name, no health wait unless `health` says otherwise."""
+    stand-in, per-node `patches` by name, no health wait unless `health` says otherwise, and every
+    node's `hardware` ({cpu, memory}) as given instead of the dev stack's."""
     config = stack_config("dev")
     config["cluster"].update(vip="127.0.0.100", talosVersion=talos_version)
     if kubernetes_version is not None:
@@ -275,7 +289,7 @@ def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional
     # VM id and MAC follow the address, so that taking a node out leaves every other node's alone
     config["nodes"] = [
         {**templates[role], "name": name, "ip": ip, "vmId": 9100 + host, "mac": f"bc:24:11:00:01:{host:02x}",
-         **({"patches": list(patches[name])} if patches and name in patches else {})}
+         **(hardware or {}), **({"patches": list(patches[name])} if patches and name in patches else {})}
         for name, role, ip in nodes for host in [int(ip.rsplit(".", 1)[1])]]
     return config
 
@@ -310,6 +324,7 @@ class Up:
     calls: dict[str, list[RecordedCall]]
     modes: dict[str, str]
     rendered: dict[str, bytes]
+    pve_requests: int  # how many requests the Proxmox stand-in had received by its end
     error: Optional[BaseException] = None
 
     def steps(self, op: str) -> set[str]:
@@ -321,12 +336,14 @@ class Up:
 
 
 class StandInCluster:
-    """The factory stand-in and one FakeTalosNode per node [(name, role, ip)] on ip:50000, in
-    maintenance mode until configured. The control planes share one etcd member list, as one etcd
-    cluster does: a member that leaves, or is removed through any of them, is gone for all."""
+    """The factory stand-in, the Proxmox stand-in and one FakeTalosNode per node [(name, role, ip)] on
+    ip:50000, in maintenance mode until configured, running in the VM its VmLegacy makes. The control
+    planes share one etcd member list, as one etcd cluster does: a member that leaves, or is removed
+    through any of them, is gone for all."""
 
-    def __init__(self, factory: StandInFactory, nodes, talos_version: str, render_dir: Callable[[], Path]):
-        self.factory, self.render_dir = factory, render_dir
+    def __init__(self, factory: StandInFactory, pve: ProxmoxStandIn, nodes, talos_version: str,
+                 render_dir: Callable[[], Path]):
+        self.factory, self.pve, self.render_dir = factory, pve, render_dir
         self.monitors: list[DeploymentMonitor] = []
         self.nodes: dict[str, FakeTalosNode] = {}
         self.control_planes = [name for name, role, _ in nodes if role == "controlplane"]
@@ -366,16 +383,35 @@ class StandInCluster:
         self._forget(lambda member: member.id == request.member_id)
         return machine_pb2.EtcdRemoveMemberByIDResponse(messages=[machine_pb2.EtcdRemoveMemberByID()])
 
+    def _vm_step(self, type_: str, name: str, old: Optional[dict], new: dict) -> None:
+        """What the Proxmox provider does with a node's VmLegacy: a create starts the VM the node runs
+        in; an update of a running VM with `rebootAfterUpdate: false` PUTs the changed hardware, which
+        PVE keeps pending until the VM's next power cycle."""
+        if type_ != VM_TYPE:
+            return
+        hardware = _vm_hardware(new)
+        if old is None:
+            self.pve.run_guest(int(new["vmId"]), name, self.nodes[name], host=new["nodeName"], config=hardware)
+            return
+        assert new["rebootAfterUpdate"] is False, name  # else the provider would reboot every changed VM now
+        changed = {key: value for key, value in hardware.items() if _vm_hardware(old)[key] != value}
+        if changed:
+            self.pve.vm_changed(int(old["vmId"]), changed)
+
     def counts(self) -> dict[str, int]:
-        return {"factory": len(self.factory.requests), **{n: len(f.calls) for n, f in self.nodes.items()}}
+        return {"factory": len(self.factory.requests), "pve": len(self.pve.requests),
+                **{n: len(f.calls) for n, f in self.nodes.items()}}
 
     def up(self, config: dict, *, fails: bool = False) -> Up:
         """`pulumi up` of `config` after the last up: its preview, then the up itself. An up that fails
         raises, unless `fails` (then the error is in Up.error and the state is what the engine keeps)."""
         previous = self.monitors[-1].state if self.monitors else None
-        plan = DeploymentMonitor(engine_config(config), previous=previous, preview=True)
+        proxmox = self.pve.provider_config()  # `pulumi config set --secret proxmoxve:apiToken ...`
+        engine = {**engine_config(config), **proxmox}
+        program = dict(stack=STACK, other_config=proxmox, secret_keys=["proxmoxve:apiToken"])
+        plan = DeploymentMonitor(engine, previous=previous, preview=True)
         try:
-            run_program(config, stack=STACK, preview=True, monitor=plan)
+            run_program(config, preview=True, monitor=plan, **program)
         except Exception as exc:  # noqa: BLE001 - a failed preview: `pulumi up` stops before changing anything
             if not fails:
                 raise
@@ -383,14 +419,14 @@ class StandInCluster:
             plan.wait_for_steps()
             return Up(plan, self.counts(), exc.program_run, plan, config,  # type: ignore[attr-defined]
                       {n: list(f.calls) for n, f in self.nodes.items()}, {n: f.mode for n, f in self.nodes.items()},
-                      {}, exc)
+                      {}, len(self.pve.requests), exc)
         plan.delete_unregistered()
         after_preview = self.counts()
-        monitor = DeploymentMonitor(engine_config(config), previous=previous)
+        monitor = DeploymentMonitor(engine, previous=previous, on_echo=self._vm_step)
         self.monitors.append(monitor)
         error = None
         try:
-            run = run_program(config, stack=STACK, monitor=monitor)
+            run = run_program(config, monitor=monitor, **program)
             monitor.delete_unregistered()
         except Exception as exc:  # noqa: BLE001 - what `pulumi up` would print
             if not fails:
@@ -402,11 +438,17 @@ class StandInCluster:
         secrets_yaml = monitor.state_named("secrets").outputs["secrets_yaml"]
         return Up(plan, after_preview, run, monitor, config, {n: list(f.calls) for n, f in self.nodes.items()},
                   {n: f.mode for n, f in self.nodes.items()},
-                  rendered_configs(config, secrets_yaml, self.render_dir()), error)
+                  rendered_configs(config, secrets_yaml, self.render_dir()), len(self.pve.requests), error)
 
     def stop(self) -> None:
         for fake in self.nodes.values():
             fake.stop()
+
+
+def _vm_hardware(inputs: dict) -> dict:
+    """A VmLegacy's cores, memory and CPU type as PVE config keys."""
+    return {"cores": int(inputs["cpu"]["cores"]), "memory": int(inputs["memory"]["dedicated"]),
+            "cpu": inputs["cpu"]["type"]}
 
 
 def _quiet_about_reported_failures(loop: asyncio.AbstractEventLoop, context: dict) -> None:
@@ -432,12 +474,12 @@ def abandon_pending_tasks() -> None:
 @contextlib.contextmanager
 def e2e_cluster(nodes, talos_version: str, tmp_path_factory) -> Iterator[StandInCluster]:
     """A StandInCluster for a module's ups, with retries made fast; skips where 127.0.0.x cannot be bound."""
-    with StandInFactory() as factory, pytest.MonkeyPatch.context() as patch:
+    with StandInFactory() as factory, serve_proxmox() as pve, pytest.MonkeyPatch.context() as patch:
         patch.setattr(operations, "DEFAULT_BACKOFF", FAST)
         patch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
         patch.setattr(node_removal, "REACH_TIMEOUT", REACH_TIMEOUT)
         try:
-            cluster = StandInCluster(factory, nodes, talos_version, lambda: tmp_path_factory.mktemp("render"))
+            cluster = StandInCluster(factory, pve, nodes, talos_version, lambda: tmp_path_factory.mktemp("render"))
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:  # e.g. macOS, where only 127.0.0.1 is configured
                 pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")

@@ -47,6 +47,7 @@ class Registration:
     protect: bool
     additional_secret_outputs: list[str]
     custom: bool
+    ignore_changes: list[str]
     inputs: dict  # as registered, with the pickled provider of dynamic resources removed
 
 
@@ -83,7 +84,7 @@ class RecordingMonitor(MockMonitor):
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 dependencies=list(request.dependencies), protect=bool(request.protect),
                 additional_secret_outputs=list(request.additionalSecretOutputs), custom=bool(request.custom),
-                inputs=self.resources[response.urn].state)
+                ignore_changes=list(request.ignoreChanges), inputs=self.resources[response.urn].state)
             with self._lock:
                 self.registrations.append(registration)
         return response

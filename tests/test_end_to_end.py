@@ -114,11 +114,12 @@ def applies(calls: list[RecordedCall]) -> list[RecordedCall]:
 
 
 def test_each_preview_plans_exactly_what_its_up_does_and_calls_no_node(deployment):
-    before = {"factory": 0, **{name: 0 for name in deployment.nodes}}
+    before = {"factory": 0, "pve": 0, **{name: 0 for name in deployment.nodes}}
     for up in deployment.ups:
         assert planned(up.plan) == planned(up.monitor)
         assert up.after_preview == before
-        before = {"factory": len(deployment.factory.requests), **{n: len(c) for n, c in up.calls.items()}}
+        before = {"factory": len(deployment.factory.requests), "pve": up.pve_requests,
+                  **{n: len(c) for n, c in up.calls.items()}}
 
 
 # --- the first `pulumi up` ------------------------------------------------------------------------

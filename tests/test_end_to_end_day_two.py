@@ -6,12 +6,15 @@ worker) and the Image Factory stand-in. The ups, in order, each after its previe
   first       a new cluster on Talos v1.13.7, Kubernetes 1.36.2 (the Talos line's default);
   kubernetes  cluster.kubernetesVersion 1.36.3: the new configuration reaches one node at a time,
               control planes first, each healthy again before the next;
+  hardware    every node from 2 to 4 cores and 4096 to 6144 MiB: the VMs take it as pending config,
+              then each is rebooted through the Proxmox API in roll order, healthy before the next;
   failed      Talos v1.13.8 while e2e-cp-2 fails its health check after its Upgrade: the up fails
               naming it, later nodes are not upgraded, e2e-cp-1 stays upgraded in the state;
   resumed     the same up once e2e-cp-2 is well again: it continues at e2e-cp-2, not at e2e-cp-1;
   cp_removed  e2e-cp-3 taken out of the stack: it leaves etcd, then is reset, then its VM goes;
   unreachable e2e-cp-2 powered off, then taken out of the stack: its etcd member is removed through
-              e2e-cp-1, no reset is attempted, and the up succeeds.
+              e2e-cp-1, no reset is attempted, and the up succeeds;
+  renamed, new_vm_id, shrunk  refused in the preview: cluster.name, the worker's vmId, e2e-cp-1's disk.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ TALOS, UPGRADE = "v1.13.7", "v1.13.8"
 KUBERNETES, NEW_KUBERNETES = "1.36.2", "1.36.3"
 HEALTH_FAILURE = "service kubelet: failed to start after upgrade (stand-in)"
 CP2_MEMBER_ID = 0x101  # the shared etcd's member ids are 0x100 + the node's index
+BIGGER = {"cpu": 4, "memory": 6144}  # the dev stack's nodes have 2 cores and 4096 MiB
+VM_IDS = {name: 9100 + int(ip.rsplit(".", 1)[1]) for name, _, ip in NODES}  # as e2e_config numbers them
 
 
 def fail_health_after_upgrade(fake: FakeTalosNode) -> None:
@@ -64,20 +69,33 @@ def ups(tmp_path_factory) -> dict:
         url = cluster.factory.url
         done = {"first": cluster.up(e2e_config(url, NODES, TALOS))}
         done["kubernetes"] = cluster.up(e2e_config(url, NODES, TALOS, kubernetes_version=NEW_KUBERNETES))
-        upgrade = e2e_config(url, NODES, UPGRADE, kubernetes_version=NEW_KUBERNETES)
+        done["hardware"] = cluster.up(e2e_config(url, NODES, TALOS, kubernetes_version=NEW_KUBERNETES,
+                                                 hardware=BIGGER))
+        done["pve"] = cluster.pve
+
+        def e2e_config_now(nodes, talos):  # what the stack says from here on
+            return e2e_config(url, nodes, talos, kubernetes_version=NEW_KUBERNETES, hardware=BIGGER)
+
+        upgrade = e2e_config_now(NODES, UPGRADE)
         fail_health_after_upgrade(cluster.nodes[CP2])
         done["failed"] = cluster.up(upgrade, fails=True)
         recover(cluster.nodes[CP2])
         done["resumed"] = cluster.up(upgrade)
         without_cp3 = [node for node in NODES if node[0] != CP3]
-        done["cp_removed"] = cluster.up(e2e_config(url, without_cp3, UPGRADE, kubernetes_version=NEW_KUBERNETES))
+        done["cp_removed"] = cluster.up(e2e_config_now(without_cp3, UPGRADE))
         cluster.nodes[CP2].go_down()
         without_cp2 = [node for node in without_cp3 if node[0] != CP2]
-        done["unreachable"] = cluster.up(e2e_config(url, without_cp2, UPGRADE, kubernetes_version=NEW_KUBERNETES))
+        done["unreachable"] = cluster.up(e2e_config_now(without_cp2, UPGRADE))
         done["etcd"] = {name: [m.hostname for m in cluster.nodes[name].etcd_members] for name in (CP1, CP2, CP3)}
-        renamed = e2e_config(url, without_cp2, UPGRADE, kubernetes_version=NEW_KUBERNETES)
+        renamed = e2e_config_now(without_cp2, UPGRADE)
         renamed["cluster"]["name"] = "prod"
         done["renamed"] = cluster.up(renamed, fails=True)
+        new_vm_id = e2e_config_now(without_cp2, UPGRADE)
+        new_vm_id["nodes"][1]["vmId"] = 9205  # the worker
+        done["new_vm_id"] = cluster.up(new_vm_id, fails=True)
+        shrunk = e2e_config_now(without_cp2, UPGRADE)
+        shrunk["nodes"][0]["disk"] = 10  # e2e-cp-1, 20 GiB
+        done["shrunk"] = cluster.up(shrunk, fails=True)
         yield done
 
 
@@ -94,15 +112,16 @@ def kubelet_image(config: bytes) -> str:
     return v1alpha1["machine"]["kubelet"]["image"]
 
 
-ORDER = ["first", "kubernetes", "failed", "resumed", "cp_removed", "unreachable"]
+ORDER = ["first", "kubernetes", "hardware", "failed", "resumed", "cp_removed", "unreachable"]
 
 
 def test_each_preview_calls_no_node_and_plans_what_its_up_does(ups):
-    counts = {"factory": 0, **{n: 0 for n in ROLL_ORDER}}
+    counts = {"factory": 0, "pve": 0, **{n: 0 for n in ROLL_ORDER}}
     for name in ORDER:
         up = ups[name]
         assert up.after_preview == counts, name
-        counts = {"factory": 1, **{n: len(c) for n, c in up.calls.items()}}  # one schematic, registered once
+        # one schematic, registered once
+        counts = {"factory": 1, "pve": up.pve_requests, **{n: len(c) for n, c in up.calls.items()}}
         if name == "failed":  # the up stops at the failing node: it takes a part of the plan
             assert planned(up) < planned(up, "plan")
         else:
@@ -148,11 +167,52 @@ def test_kubernetes_change_leaves_each_node_on_the_new_kubelet(ups):
         assert up.calls[name] and rpcs(up.calls[name], "ApplyConfiguration")[-1].request.data == up.rendered[name]
 
 
+# --- 2 -> 4 cores, 4096 -> 6144 MiB on every node --------------------------------------------------
+
+
+def test_hardware_change_updates_each_vm_and_lifecycle_and_no_talos_config(ups):
+    up = ups["hardware"]
+    assert up.steps("update") == {f"lifecycle-{name}" for name in ROLL_ORDER}
+    assert {f"{kind}-{name}" for kind in ("machineconfig", "apply") for name in ROLL_ORDER} <= up.steps("same")
+    for name in ROLL_ORDER:
+        assert up.monitor.state_named(name).inputs["cpu"]["cores"] == 4, name
+        assert up.monitor.state_named(f"lifecycle-{name}").outputs["vm"]["memory_mib"] == 6144, name
+        # Talos itself is only asked for its health: no apply, no upgrade, no reboot through its API
+        assert {c.rpc for c in up.new_calls(ups["kubernetes"], name)} <= {"ServiceList", "EtcdMemberList", "Get",
+                                                                         "Version"}, name
+
+
+def test_hardware_change_reboots_each_vm_through_proxmox_in_roll_order(ups):
+    pve = ups["pve"]
+    vm = "/api2/json/nodes/pve/qemu/{}"
+    puts = [(path, body) for method, path, body in pve.requests if method == "PUT"]
+    # the provider's update of each running VM: the changed keys, kept pending
+    assert sorted(puts) == sorted((vm.format(VM_IDS[name]) + "/config", b"cores=4&memory=6144") for name in ROLL_ORDER)
+    assert pve.reboot_requests() == [vm.format(VM_IDS[name]) + "/status/reboot" for name in ROLL_ORDER]
+    for name in ROLL_ORDER:
+        config = pve.vm(VM_IDS[name]).config
+        assert (config["cores"], config["memory"]) == ("4", "6144"), name
+        assert pve.vm(VM_IDS[name]).pending == {}, name
+
+
+def test_hardware_change_never_has_two_nodes_down_and_each_is_healthy_before_the_next(ups):
+    up, pve = ups["hardware"], ups["pve"]
+    assert pve.most_down_at_once(ROLL_ORDER) == 1
+    events = {(e.name, e.what): e.at for e in pve.power_events}
+    for before, after in zip(ROLL_ORDER, ROLL_ORDER[1:]):
+        assert events[(before, "up")] < events[(after, "off")], (before, after)
+        checked = [c.at for c in rpcs(up.new_calls(ups["kubernetes"], before), "ServiceList")
+                   if events[(before, "up")] < c.at < events[(after, "off")]]
+        assert checked, f"{before} was not seen healthy before {after} went down"
+    for name in ROLL_ORDER:  # and seen healthy before its own reboot
+        assert any(c.at < events[(name, "off")] for c in rpcs(up.new_calls(ups["kubernetes"], name), "ServiceList"))
+
+
 # --- a Talos upgrade that stops at a failing node, then resumes -----------------------------------
 
 
 def test_failed_upgrade_names_the_failing_node_and_upgrades_no_later_node(ups):
-    before, failed = ups["kubernetes"], ups["failed"]
+    before, failed = ups["hardware"], ups["failed"]
     message = str(failed.error)
     assert "e2e-cp-2 (127.0.0.3)" in message and HEALTH_FAILURE in message
     upgrades = {name: rpcs(failed.new_calls(before, name), "Upgrade") for name in ROLL_ORDER}
@@ -279,3 +339,21 @@ def test_renaming_the_cluster_is_refused_before_anything_changes(ups):
     assert renamed.monitor.preview  # it stopped in the preview: the up itself never ran
     for name in ROLL_ORDER:
         assert renamed.new_calls(before, name) == [], name
+
+
+def test_a_vm_id_change_is_refused_in_the_preview_with_the_way_to_do_it(ups):
+    before, refused = ups["renamed"], ups["new_vm_id"]
+    message = str(refused.error)
+    assert "node e2e-worker-1: vmId 9105 -> 9205 would replace its VM" in message
+    assert "take e2e-worker-1 out of nodes and `pulumi up`" in message
+    assert refused.monitor.preview and refused.pve_requests == before.pve_requests
+    for name in ROLL_ORDER:
+        assert refused.new_calls(before, name) == [], name
+
+
+def test_a_smaller_disk_is_refused_in_the_preview(ups):
+    before, refused = ups["new_vm_id"], ups["shrunk"]
+    assert "node e2e-cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk" in str(refused.error)
+    assert refused.monitor.preview and refused.pve_requests == before.pve_requests
+    for name in ROLL_ORDER:
+        assert refused.new_calls(before, name) == [], name

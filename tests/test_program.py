@@ -167,6 +167,7 @@ def test_changing_one_workers_memory_changes_only_that_vm(run):
     assert differing.keys() == {(VM, "worker-2"), (DYNAMIC, "lifecycle-worker-2")}
     assert differing[(VM, "worker-2")].inputs["memory"]["dedicated"] == 8192
     assert differing[(VM, "worker-2")].inputs["rebootAfterUpdate"] is False
+    assert differing[(VM, "worker-2")].ignore_changes == ["vmId", "nodeName", "networkDevices[0].macAddress"]
     assert differing[(DYNAMIC, "lifecycle-worker-2")].inputs["vm"]["memory_mib"] == 8192
 
 

@@ -79,6 +79,14 @@ def test_a_data_disk_may_be_added_or_grown_but_not_removed_or_shrunk():
     assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB")
 
 
+def test_numbers_read_back_from_the_engine_as_floats_are_the_same_numbers():
+    through_the_engine = {fact: float(value) if isinstance(value, int) else value for fact, value in OLD.items()}
+    assert vm_hardware.hardware_changes(through_the_engine, OLD) == {}
+    [problem] = vm_hardware.in_place_problems("cp-1", through_the_engine, {**through_the_engine, "vm_id": 9201.0})
+    assert problem.startswith("node cp-1: vmId 9101 -> 9201 would")
+    assert vm_hardware.hardware_changes(through_the_engine, {**OLD, "cores": 4.0}) == {"cores": (2, 4)}
+
+
 def test_a_vm_id_proxmox_picked_is_not_a_change():
     assert vm_hardware.in_place_problems("cp-1", {**OLD, "vm_id": None}, OLD) == []
 

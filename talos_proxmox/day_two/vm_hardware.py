@@ -25,10 +25,17 @@ HARDWARE = {"cores": "cpu", "memory_mib": "memory", "cpu_type": "proxmox.cpuType
 REBOOT_SHUTDOWN_SECONDS = 300  # Talos stops its services before powering off; PVE's own default is 180
 
 
+def _facts(vm: Mapping[str, Any]) -> dict[str, Any]:
+    """The facts with whole numbers as ints: through the engine every number arrives as a float."""
+    return {fact: int(value) if isinstance(value, float) and value.is_integer() else value
+            for fact, value in vm.items()}
+
+
 def hardware_changes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> dict[str, tuple]:
     """fact -> (old, new) for the hardware that changed. A VM recorded before this was tracked has none."""
     if not old:
         return {}
+    old, new = _facts(old), _facts(new)
     return {fact: (old.get(fact), new.get(fact)) for fact in HARDWARE if old.get(fact) != new.get(fact)}
 
 
@@ -43,6 +50,7 @@ def in_place_problems(node: str, old: Optional[Mapping[str, Any]], new: Mapping[
     one unconfigured, so those changes go through a removal and an addition instead."""
     if not old:
         return []
+    old, new = _facts(old), _facts(new)
     problems = []
     identity = (("host", "proxmoxNode", "Proxmox host"), ("vm_id", "vmId", "VM id"), ("mac", "mac", "MAC address"))
     for fact, key, what in identity:
