@@ -21,7 +21,7 @@ from components.node import TalosNode
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, iso_hosts, talosconfig_inputs
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.settings.stack import Settings
-from providers.talos_operations import Bootstrap, Kubeconfig
+from providers.talos_operations import Bootstrap, Kubeconfig, NodesInstalled
 from providers.secrets import MachineSecrets
 from providers.talosconfig import Talosconfig
 
@@ -70,6 +70,12 @@ class TalosCluster(pulumi.ComponentResource):
                 opts=child)
             previous = self.nodes[node.name]
 
+        # Every node installs at once after its first apply; this waits for all of them together.
+        self.nodes_installed = NodesInstalled(
+            "nodes-installed", nodes=[{"name": n.name, "address": n.address} for n in rolled_nodes],
+            talosconfig=self.talosconfig_resource.talosconfig,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[node.apply for node in self.nodes.values()]))
+
         first = settings.bootstrap_node
         self.bootstrap = Bootstrap(
             "bootstrap", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
@@ -83,7 +89,8 @@ class TalosCluster(pulumi.ComponentResource):
         self.k8s_provider = k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
         self.addons = ClusterAddons(
             "addons", settings, self.k8s_provider,
-            depends_on=[self.bootstrap, self.kubeconfig_resource], kubeconfig=self.kubeconfig, opts=child)
+            depends_on=[self.bootstrap, self.kubeconfig_resource, self.nodes_installed], kubeconfig=self.kubeconfig,
+            opts=child)
 
         self.endpoint = c.endpoint
         self.node_ips = {node.name: node.ip for node in settings.nodes}

@@ -1,4 +1,4 @@
-"""ConfigurationApply, Bootstrap, Kubeconfig: Talos API calls as Pulumi dynamic resources.
+"""ConfigurationApply, NodesInstalled, Bootstrap, Kubeconfig: Talos API calls as Pulumi dynamic resources.
 
 Thin adapters around talos_proxmox.talos_api.operations. Inputs that carry configurations or keys
 (machine_configuration, talosconfig) are made secrets here whatever the caller passes, and they are
@@ -6,6 +6,11 @@ not copied into the outputs: the state keeps a hash of the applied configuration
 "changed" without ever showing the configuration. The kubeconfig output is a secret.
 
 The endpoint defaults to the node itself, as `talosctl -n <ip> -e <ip>` would do.
+
+A node's first apply returns once the node has taken its configuration; the install and reboot that
+follow are waited for by NodesInstalled, for every new node at once. The dynamic-provider host serves
+four calls at a time (pulumi/dynamic/__main__.py), so a create that waited for its own node's install
+would hold one of them for minutes and nine nodes would install in three waves.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import pulumi.dynamic as dynamic
 
 from providers import has_unknowns
 
+from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.talos_api import operations
+from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
@@ -78,7 +85,8 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
             props["node"], props["machine_configuration"], props["talosconfig"],
             endpoint=props.get("endpoint"), mode=props.get("mode") or "auto",
             try_timeout=props.get("try_timeout_seconds"), insecure_first=insecure_first,
-            timeout=_timeout(props),
+            # A first apply does not wait for the install (NodesInstalled does); later ones wait for the node.
+            wait=not insecure_first, timeout=_timeout(props),
         )
         return {
             **{key: props.get(key) for key in _APPLY_SETTINGS},
@@ -131,6 +139,54 @@ class ConfigurationApply(dynamic.Resource):
             "config_sha256": None, "applied_via": None, "applied_mode": None, "warnings": None,
         }
         super().__init__(ConfigurationApplyProvider(), name, props, opts)
+
+
+# --- NodesInstalled -------------------------------------------------------------------------------
+
+
+def _installing(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, str]:
+    """name -> address of the nodes in `news` that `olds` did not have (at that address)."""
+    before = {(node["name"], node["address"]) for node in olds.get("nodes") or []}
+    return {node["name"]: node["address"] for node in news["nodes"] if (node["name"], node["address"]) not in before}
+
+
+class NodesInstalledProvider(_TalosNodeProvider):
+    def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        return dynamic.CheckResult(news, [])
+
+    def _wait(self, props: dict[str, Any], nodes: dict[str, str]) -> dict[str, Any]:
+        credentials = read_talosconfig(props["talosconfig"]).credentials
+        order = [node["name"] for node in props["nodes"]]
+        printers = {name: progress_printer("install", position=f"{order.index(name) + 1} of {len(order)}")
+                    for name in nodes}
+        for name in nodes:
+            printers[name]("waiting", name)
+        operations.wait_until_all_ready(
+            nodes, lambda address: TalosClient([address], credentials=credentials, node=address),
+            timeout=_timeout(props), on_ready=lambda name, tag: printers[name](f"configured ({tag})", name))
+        return {"nodes": props["nodes"], "timeout_seconds": props.get("timeout_seconds")}
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        return dynamic.CreateResult(id_="nodes-installed", outs=self._wait(props, _installing({}, props)))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        changed = olds.get("nodes") != news.get("nodes") or olds.get("timeout_seconds") != news.get("timeout_seconds")
+        return dynamic.DiffResult(changes=changed, replaces=[], stables=[], delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult(outs=self._wait(news, _installing(olds, news)))
+
+
+class NodesInstalled(dynamic.Resource):
+    """Every node that got its first configuration has installed and answers over mTLS; nodes added
+    later are waited for on the up that adds them. `nodes`: [{name, address}] in roll order."""
+
+    nodes: pulumi.Output[list]
+
+    def __init__(self, name: str, *, nodes: list[dict], talosconfig: pulumi.Input[str],
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, opts: Optional[pulumi.ResourceOptions] = None):
+        props = {"nodes": nodes, "timeout_seconds": timeout_seconds, "talosconfig": pulumi.Output.secret(talosconfig)}
+        super().__init__(NodesInstalledProvider(), name, props, opts)
 
 
 # --- Bootstrap ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 For each `pulumi-python:dynamic:Resource` the program registers, `DeploymentMonitor` does what the
 engine and the Python dynamic-provider host (pulumi/dynamic/__main__.py) do together:
+  - at most four steps run at once (HOST_WORKERS), as the host serves them from a pool of four
+    threads: a step that waits holds one;
   - the provider is unpickled from the `__provider` input as the host does (dill under the SDK's
     deserialization context) and configured with the stack config;
   - inputs reach it without secret markers (the host's Configure answers acceptSecrets=False, so
@@ -67,6 +69,7 @@ from tests.pve_stand_in import ProxmoxStandIn, serve_proxmox
 from tests.talos_api_server import FakeTalosNode, RecordedCall
 
 DYNAMIC_TYPE = "pulumi-python:dynamic:Resource"
+HOST_WORKERS = 4  # pulumi/dynamic/__main__.py: grpc.server(ThreadPoolExecutor(max_workers=4))
 VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"
 
 
@@ -135,6 +138,7 @@ class DeploymentMonitor(RecordingMonitor):
         self._state_lock = threading.Lock()
         self._in_flight = threading.Condition()
         self._steps_running = 0
+        self._host_workers = threading.BoundedSemaphore(HOST_WORKERS)
 
     def RegisterResource(self, request):
         self._request.current = request
@@ -172,7 +176,8 @@ class DeploymentMonitor(RecordingMonitor):
         with self._in_flight:
             self._steps_running += 1
         try:
-            return self._step(args)
+            with self._host_workers:
+                return self._step(args)
         finally:
             with self._in_flight:
                 self._steps_running -= 1
@@ -342,7 +347,7 @@ class StandInCluster:
     through any of them, is gone for all."""
 
     def __init__(self, factory: StandInFactory, pve: ProxmoxStandIn, nodes, talos_version: str,
-                 render_dir: Callable[[], Path]):
+                 render_dir: Callable[[], Path], install_seconds: float = 0.2):
         self.factory, self.pve, self.render_dir = factory, pve, render_dir
         self.monitors: list[DeploymentMonitor] = []
         self.nodes: dict[str, FakeTalosNode] = {}
@@ -350,7 +355,7 @@ class StandInCluster:
         try:
             for name, _, ip in nodes:
                 self.nodes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip,
-                                                 port=TALOS_API_PORT, install_downtime=0.2, trustd=self._trustd,
+                                                 port=TALOS_API_PORT, install_downtime=install_seconds, trustd=self._trustd,
                                                  version_tag=talos_version)
         except OSError:
             self.stop()
@@ -472,14 +477,16 @@ def abandon_pending_tasks() -> None:
 
 
 @contextlib.contextmanager
-def e2e_cluster(nodes, talos_version: str, tmp_path_factory) -> Iterator[StandInCluster]:
-    """A StandInCluster for a module's ups, with retries made fast; skips where 127.0.0.x cannot be bound."""
+def e2e_cluster(nodes, talos_version: str, tmp_path_factory, install_seconds: float = 0.2) -> Iterator[StandInCluster]:
+    """A StandInCluster for a module's ups, with retries made fast; skips where 127.0.0.x cannot be bound.
+    `install_seconds`: how long each node takes from its first apply to answering configured."""
     with StandInFactory() as factory, serve_proxmox() as pve, pytest.MonkeyPatch.context() as patch:
         patch.setattr(operations, "DEFAULT_BACKOFF", FAST)
         patch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
         patch.setattr(node_removal, "REACH_TIMEOUT", REACH_TIMEOUT)
         try:
-            cluster = StandInCluster(factory, pve, nodes, talos_version, lambda: tmp_path_factory.mktemp("render"))
+            cluster = StandInCluster(factory, pve, nodes, talos_version, lambda: tmp_path_factory.mktemp("render"),
+                                     install_seconds)
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:  # e.g. macOS, where only 127.0.0.1 is configured
                 pytest.skip(f"cannot listen on 127.0.0.x:{TALOS_API_PORT} here ({exc})")

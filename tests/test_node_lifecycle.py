@@ -222,9 +222,10 @@ def test_adding_a_worker_adds_only_its_resources():
     assert (DYNAMIC, "lifecycle-worker-7") in added and (VM, "worker-7") in added
     assert not before.keys() - after.keys()
     changed = {(after[u].type, after[u].name) for u in before if after[u].inputs != before[u].inputs}
-    # Only the health wait counts the nodes, and each lifecycle's place in the roll ("3 of 10") changes,
-    # which its diff ignores.
-    assert changed == {(DYNAMIC, "health")} | {(DYNAMIC, f"lifecycle-{n['name']}") for n in config["nodes"][:-1]}
+    # Only the health and install waits count the nodes (the latter waits for the new one only), and
+    # each lifecycle's place in the roll ("3 of 10") changes, which its diff ignores.
+    assert changed == ({(DYNAMIC, "health"), (DYNAMIC, "nodes-installed")}
+                       | {(DYNAMIC, f"lifecycle-{n['name']}") for n in config["nodes"][:-1]})
     provider = NodeLifecycleProvider()
     for urn in before:
         if after[urn].name.startswith("lifecycle-"):

@@ -181,10 +181,10 @@ def test_removing_a_worker_removes_only_its_resources(run):
                     (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6"),
                     (DYNAMIC, "lifecycle-worker-6")}
     assert not after.keys() - before.keys()
-    # Everything else is untouched, the talosconfig included; only the health wait counts nodes.
+    # Everything else is untouched, the talosconfig included; only the health and install waits count nodes.
     changed = {(after[u].type, after[u].name) for u in after
                if compared_inputs(after[u]) != compared_inputs(before[u])}
-    assert changed == {(DYNAMIC, "health")}
+    assert changed == {(DYNAMIC, "health"), (DYNAMIC, "nodes-installed")}
     assert dynamic(smaller, "lifecycle-worker-5").inputs["position"] == "8 of 8"
 
 

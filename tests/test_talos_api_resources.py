@@ -3,6 +3,7 @@ and the resources registered under Pulumi mocks (secret inputs, secret kubeconfi
 
 import functools
 import hashlib
+import threading
 
 import grpc
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from talos_proxmox.talos_config import client_config
 from talos_proxmox.talos_api import operations
 from providers import talos_operations
+from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 from talos_proxmox.talos_api.retry import Backoff, GaveUp
 from tests.mocked_program import run_program, stack_config
 from tests.talos_api_server import FakeTalosNode, configured_node, maintenance_node, shared_bundle  # noqa: F401
@@ -49,18 +51,118 @@ def _assert_no_secrets(outs: dict):
 # --- ConfigurationApply ---------------------------------------------------------------------------
 
 
-def test_create_applies_insecure_then_waits_for_the_configured_node(maintenance_node):
+def test_create_applies_insecure_and_leaves_the_install_wait_to_nodes_installed(maintenance_node):
     provider = talos_operations.ConfigurationApplyProvider()
     result = provider.create(_apply_props(maintenance_node))
     assert result.outs["applied_via"] == "insecure"
     assert result.outs["config_sha256"] == hashlib.sha256(CONFIG.encode()).hexdigest()
     _assert_no_secrets(result.outs)
-    apply, *after = maintenance_node.calls
+    [apply] = maintenance_node.calls  # returned at once: the node installs while others get theirs
     assert (apply.rpc, apply.mode, apply.roles, apply.request.data) == ("ApplyConfiguration", "maintenance", (), CONFIG.encode())
     assert apply.request.mode == 1  # AUTO for a first apply
-    # it returned only once the rebooted node answered over mTLS
-    assert after[-1].rpc == "Version" and after[-1].mode == "configured" and after[-1].roles == ("os:admin",)
-    assert maintenance_node.mode == "configured"
+    assert maintenance_node.mode == "maintenance"  # still installing
+
+
+# --- NodesInstalled -------------------------------------------------------------------------------
+
+
+def _installing(names_and_downtimes):
+    """Stand-in nodes given their first configuration now, each installing for its downtime."""
+    fakes = {}
+    for name, downtime in names_and_downtimes:
+        fake = FakeTalosNode(_bundle(), mode="maintenance", hostname=name, install_downtime=downtime)
+        talos_operations.ConfigurationApplyProvider().create(_apply_props(fake))
+        fakes[name] = fake
+    return fakes
+
+
+def _installed_props(fakes, names=None):
+    return {"nodes": [{"name": name, "address": fakes[name].endpoint} for name in names or fakes],
+            "talosconfig": _talosconfig(), "timeout_seconds": 10}
+
+
+def test_all_nodes_are_waited_for_side_by_side():
+    """Each node comes up only once the one before it in `order` was reported ready, and the first in
+    stack order comes up last: a wait for one node after another would never see it."""
+    fakes = {name: FakeTalosNode(_bundle(), mode="configured", hostname=name) for name in ("cp-1", "cp-2", "worker-1")}
+    order, heard = ["worker-1", "cp-2", "cp-1"], []
+
+    def on_ready(name, tag):
+        heard.append((name, tag))
+        if len(heard) < len(order):
+            fakes[order[len(heard)]].come_up()
+
+    try:
+        for fake in fakes.values():
+            fake.go_down()  # installing
+        threading.Timer(0.2, fakes["worker-1"].come_up).start()
+        credentials = read_talosconfig(_talosconfig()).credentials
+        tags = operations.wait_until_all_ready(
+            {name: fake.endpoint for name, fake in fakes.items()},
+            lambda address: TalosClient([address], credentials=credentials, node=address), timeout=5,
+            on_ready=on_ready)
+        assert heard == [(name, "v1.11.5") for name in order]
+        assert tags == {name: "v1.11.5" for name in fakes}
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+
+
+def test_nodes_installed_prints_a_line_per_node_as_it_comes_up(capfd):
+    fakes = _installing([("cp-1", 0.3), ("worker-1", 0.3)])
+    try:
+        outs = talos_operations.NodesInstalledProvider().create(_installed_props(fakes)).outs
+        assert [n["name"] for n in outs["nodes"]] == ["cp-1", "worker-1"]
+        assert all(fake.mode == "configured" for fake in fakes.values())
+        lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("talos-proxmox: install")]
+        assert sorted(line.rsplit(" (", 1)[0] for line in lines) == [
+            "talos-proxmox: install cp-1 (1 of 2): configured (v1.11.5)",
+            "talos-proxmox: install cp-1 (1 of 2): waiting",
+            "talos-proxmox: install worker-1 (2 of 2): configured (v1.11.5)",
+            "talos-proxmox: install worker-1 (2 of 2): waiting"]
+        for fake in fakes.values():
+            [version, *_] = fake.calls_for("Version")
+            assert (version.mode, version.roles) == ("configured", ("os:admin",))
+        assert "PRIVATE KEY" not in repr(outs) and _talosconfig() not in repr(outs)
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+
+
+def test_nodes_installed_names_each_node_that_never_came_up_after_the_others():
+    fakes = _installing([("cp-1", 0.2), ("worker-1", 60)])
+    try:
+        props = {**_installed_props(fakes), "timeout_seconds": 1.5}
+        with pytest.raises(operations.NodesNotReady) as failed:
+            talos_operations.NodesInstalledProvider().create(props)
+        assert failed.value.ready == ("cp-1",) and list(failed.value.failed) == ["worker-1"]
+        assert str(failed.value).startswith("1 of 2 nodes did not come up configured: node worker-1: ")
+        assert fakes["cp-1"].mode == "configured"
+    finally:
+        for fake in fakes.values():
+            fake.stop()
+
+
+def test_nodes_installed_waits_for_added_nodes_only_and_for_none_on_removal():
+    fakes = _installing([("cp-1", 0.1)])
+    try:
+        provider = talos_operations.NodesInstalledProvider()
+        olds = provider.create(_installed_props(fakes)).outs
+        fakes.update(_installing([("worker-2", 0.3)]))
+        before = len(fakes["cp-1"].calls)
+        news = _installed_props(fakes)
+        assert provider.diff("nodes-installed", olds, news).changes is True
+        outs = provider.update("nodes-installed", olds, news).outs
+        assert len(fakes["cp-1"].calls) == before  # not asked again
+        assert fakes["worker-2"].mode == "configured" and fakes["worker-2"].calls_for("Version")
+        fewer = _installed_props(fakes, ["cp-1"])
+        provider.update("nodes-installed", outs, fewer)
+        assert len(fakes["cp-1"].calls) == before
+        assert provider.diff("nodes-installed", provider.update("nodes-installed", outs, fewer).outs,
+                             fewer).changes is False
+    finally:
+        for fake in fakes.values():
+            fake.stop()
 
 
 def test_create_on_an_already_configured_node_falls_back_to_mtls(configured_node):

@@ -1,5 +1,6 @@
 """Multi-step Talos API operations the resources run: apply a machine configuration (insecure the
-first time, mTLS afterwards) and wait for the node, bootstrap etcd once, fetch the kubeconfig.
+first time, mTLS afterwards) and wait for the node, wait for many installing nodes at once, bootstrap
+etcd once, fetch the kubeconfig.
 
 No Pulumi here; each function takes plain values, retries what a booting node makes transient,
 and gives up with retry.GaveUp (naming the endpoint and the last error) after `timeout` seconds.
@@ -7,10 +8,11 @@ and gives up with retry.GaveUp (naming the endpoint and the last error) after `t
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Optional
 
 import grpc
 
@@ -92,6 +94,47 @@ def wait_until_ready(client: TalosClient, *, timeout: float, what: str, backoff:
         sleep=sleep, clock=clock,
     )
     return reply.messages[0].version.tag if reply.messages else ""
+
+
+class NodesNotReady(RuntimeError):
+    """Some nodes did not answer over mTLS in time; `failed` maps each one's name to why."""
+
+    def __init__(self, failed: Mapping[str, str], ready: tuple[str, ...]):
+        self.failed, self.ready = dict(failed), ready
+        named = "; ".join(f"node {name}: {why}" for name, why in self.failed.items())
+        super().__init__(f"{len(self.failed)} of {len(self.failed) + len(ready)} nodes did not come up "
+                         f"configured: {named}")
+
+
+def wait_until_all_ready(nodes: Mapping[str, str], client_for: Callable[[str], TalosClient], *, timeout: float,
+                         backoff: Backoff | None = None,
+                         on_ready: Optional[Callable[[str, str], None]] = None) -> dict[str, str]:
+    """Wait for every node (name -> address) at once, each until it answers Version over mTLS (it has
+    installed and rebooted into its configuration); returns name -> Talos tag. The nodes install in
+    parallel, so this takes as long as the slowest one, however many there are. `on_ready(name, tag)`
+    hears of each as it comes up. Raises NodesNotReady naming every node that did not, after all
+    the others are done."""
+    tags, failed = {}, {}
+
+    def wait(name: str) -> str:
+        with client_for(nodes[name]) as client:
+            tag = wait_until_ready(client, timeout=timeout, what=f"wait for {name} to install", backoff=backoff)
+        if on_ready:
+            on_ready(name, tag)
+        return tag
+
+    if not nodes:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="install-wait") as pool:
+        waits = {name: pool.submit(wait, name) for name in nodes}
+        for name, future in waits.items():
+            try:
+                tags[name] = future.result()
+            except (GaveUp, errors.TalosApiError) as exc:
+                failed[name] = str(exc)
+    if failed:
+        raise NodesNotReady(failed, tuple(tags))
+    return tags
 
 
 REBOOT_START_TIMEOUT = 120.0  # a node that said it reboots and still answers after this did not
