@@ -1,0 +1,173 @@
+"""Mutation score of each core module: mutmut mutates the module, runs the module's own tests against
+each mutant, and a mutant counts as killed when a test fails. Run through `scripts/mutation.sh`.
+
+    scripts/mutation.sh                  # every module below, then the table
+    scripts/mutation.sh rolling removal  # just these
+    scripts/mutation.sh --report         # the table from the last runs, running nothing
+
+mutmut tests each mutant in a process forked from its own, which has run the tests once: gRPC does
+not survive a fork (the child hangs, or exits 64 with fork support on), so here each forked child
+runs the mutant's tests in a fresh `python -m pytest` instead (`_fresh_test_processes`).
+
+Each module runs in its own work directory, `.mutation/<module>/` (git-ignored), so runs of different
+modules never share mutmut's state, and a rerun after a change retests only what changed. The score
+is killed / (mutants - equivalent), where equivalent mutants are the ones `tests/data/
+equivalent_mutants.txt` lists, each with why no test can tell it from the original. Survivors are
+printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmut show <name>)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / ".mutation"
+EQUIVALENT = ROOT / "tests" / "data" / "equivalent_mutants.txt"
+TARGET = 0.90
+# What the tests import besides the mutated files (mutmut copies these into its `mutants/` tree).
+PROJECT_PATHS = ["talos_proxmox", "providers", "components", "schematics", "stacks", "tests", "__main__.py",
+                 "Pulumi.yaml", "pytest.ini"]
+
+# module -> (files mutated, the tests that are that module's own)
+MODULES = {
+    "settings": (["talos_proxmox/settings/stack.py", "talos_proxmox/settings/stack_config.py",
+                  "talos_proxmox/settings/credentials.py"],
+                 ["tests/test_settings.py", "tests/test_credentials.py", "tests/test_bad_stacks.py"]),
+    "render": (["talos_proxmox/talos_config/machine_config.py", "talos_proxmox/talos_config/merge.py"],
+               ["tests/test_machine_config.py", "tests/test_node_patches.py"]),
+    "redaction": (["talos_proxmox/talos_config/redaction.py"], ["tests/test_config_redaction.py"]),
+    "operations": (["talos_proxmox/talos_api/operations.py"], ["tests/test_talos_api_resources.py"]),
+    "rolling": (["talos_proxmox/day_two/rolling.py"], ["tests/test_rolling_upgrade.py", "tests/test_talos_health.py"]),
+    "removal": (["talos_proxmox/day_two/node_removal.py"], ["tests/test_node_removal.py"]),
+}
+KILLED = {1, 3, -24, 24, 36, 152, 255}  # a failing test, an internal pytest error, or a timeout (mutmut's codes)
+SURVIVED = 0
+
+
+def equivalent_mutants() -> dict[str, str]:
+    """mutant name -> why it is equivalent, from the `name: reason` lines of EQUIVALENT."""
+    if not EQUIVALENT.exists():
+        return {}
+    found = {}
+    for line in EQUIVALENT.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, reason = line.partition(": ")
+            found[name.strip()] = reason.strip()
+    return found
+
+
+def _setup_cfg(files: list[str], tests: list[str]) -> str:
+    def listed(values):
+        return "".join(f"\n    {value}" for value in values)
+
+    return (f"[mutmut]\npaths_to_mutate ={listed(files)}\ntests_dir ={listed(tests)}\n"
+            f"also_copy ={listed(PROJECT_PATHS)}\n"
+            # -x: the first failing test kills the mutant; -p no:cacheprovider keeps the work tree clean
+            "pytest_add_cli_args =\n    -p\n    no:cacheprovider\n")
+
+
+def prepare(module: str) -> Path:
+    """The module's work directory: links to the project and a setup.cfg scoping mutmut to it."""
+    files, tests = MODULES[module]
+    work = WORK / module
+    work.mkdir(parents=True, exist_ok=True)
+    for path in PROJECT_PATHS:
+        link = work / path
+        if not link.is_symlink():
+            if link.exists():
+                shutil.rmtree(link) if link.is_dir() else link.unlink()
+            link.symlink_to(ROOT / path)
+    (work / "setup.cfg").write_text(_setup_cfg(files, tests))
+    return work
+
+
+def run(module: str, children: int) -> None:
+    work = prepare(module)
+    started = time.monotonic()
+    print(f"mutation: {module}: mutating {', '.join(MODULES[module][0])}", flush=True)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--as-mutmut", "run", "--max-children",
+                    str(children)], cwd=work, env=env, check=False)
+    print(f"mutation: {module}: done in {time.monotonic() - started:.0f}s", flush=True)
+
+
+def _fresh_test_processes() -> None:
+    """mutmut's command line, with each mutant's tests run in a new pytest process (see the module doc)."""
+    from mutmut import __main__ as mutmut_main
+
+    def run_tests(self, *, mutant_name, tests):
+        args = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                *(tests or self._pytest_add_cli_args_test_selection)]
+        env = {**os.environ, "MUTANT_UNDER_TEST": mutant_name or ""}
+        return subprocess.run(args, cwd="mutants", env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, check=False).returncode
+
+    mutmut_main.PytestRunner.run_tests = run_tests
+    sys.argv = ["mutmut", *sys.argv[2:]]
+    mutmut_main.cli()
+
+
+def results(module: str) -> dict[str, int | None]:
+    """mutant name -> mutmut's exit code (None: not run) from the module's last run."""
+    exit_codes: dict[str, int | None] = {}
+    for path in MODULES[module][0]:
+        meta = WORK / module / "mutants" / (path + ".meta")
+        if meta.exists():
+            exit_codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return exit_codes
+
+
+def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, list[str]]:
+    """(killed, counted, equivalent, survivors) of the module's last run."""
+    exit_codes = results(module)
+    counted = {name: code for name, code in exit_codes.items() if name not in equivalent}
+    survivors = sorted(name for name, code in counted.items() if code not in KILLED)
+    return len(counted) - len(survivors), len(counted), len(exit_codes) - len(counted), survivors
+
+
+def report(modules: list[str]) -> bool:
+    equivalent = equivalent_mutants()
+    print(f"{'module':<12}{'mutants':>9}{'equivalent':>12}{'killed':>8}{'score':>8}")
+    ok = True
+    for module in modules:
+        killed, counted, same, survivors = score(module, equivalent)
+        if not counted:
+            print(f"{module:<12}{'not run':>9}")
+            ok = False
+            continue
+        ratio = killed / counted
+        ok = ok and ratio >= TARGET
+        print(f"{module:<12}{counted + same:>9}{same:>12}{killed:>8}{ratio:>8.1%}")
+        for name in survivors:
+            print(f"    survived: {name}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    if sys.argv[1:2] == ["--as-mutmut"]:
+        _fresh_test_processes()
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", metavar="module", help=f"of {', '.join(MODULES)} (default: all)")
+    parser.add_argument("--report", action="store_true", help="print the scores of the last runs only")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    args = parser.parse_args(argv)
+    unknown = [module for module in args.modules if module not in MODULES]
+    if unknown:
+        parser.error(f"no module {', '.join(unknown)}; expected one of {', '.join(MODULES)}")
+    modules = args.modules or list(MODULES)
+    if not args.report:
+        for module in modules:
+            run(module, args.children)
+    return 0 if report(modules) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
