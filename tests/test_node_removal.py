@@ -1,10 +1,15 @@
 """Removing a node: etcd leave (or remove via another control plane), then reset, against stand-in nodes."""
 
+import itertools
+import time
+
 import grpc
 import pytest
 
 from talos_proxmox.day_two.node_removal import RemovalError, remove_node
 from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api.retry import GaveUp
 from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
 LAYOUT = [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),
@@ -31,8 +36,8 @@ def _ordered_calls(fakes, rpcs):
 
 def _remove(nodes, credentials, name, **kwargs):
     peers = [n for n in nodes.values() if n.role == "controlplane" and n.name != name]
-    return remove_node(nodes[name], _client_for(credentials), peers, timeout=5, reach_timeout=0.5,
-                       backoff=FAST, **kwargs)
+    return remove_node(nodes[name], _client_for(credentials), peers,
+                       **{"timeout": 5, "reach_timeout": 0.5, "backoff": FAST, **kwargs})
 
 
 def test_control_plane_leaves_etcd_then_is_reset_gracefully(cluster, credentials):
@@ -126,3 +131,129 @@ def test_without_the_lock_the_two_leaves_overlap(cluster, credentials):
     nodes, fakes = cluster
     first, second = _remove_two_at_once(nodes, fakes, credentials, cluster_key=None)
     assert second[0] < first[1]
+
+
+# --- what a removal does in each case, pinned (tests/data/equivalent_mutants.txt lists what is not) -----
+
+
+def test_a_powered_off_worker_is_not_reset_and_the_removal_goes_on(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].go_down()
+    events = []
+    steps = _remove(nodes, credentials, "worker-1", on_event=lambda what, name: events.append((what, name)))
+    assert steps == ["reset-skipped-unreachable"]
+    assert events == [("reset-skipped-unreachable", "worker-1")]
+
+
+def test_a_worker_is_reset_gracefully_and_each_step_is_reported_with_its_node(cluster, credentials):
+    nodes, fakes = cluster
+    events = []
+    # reset defaults to on
+    steps = remove_node(nodes["worker-1"], _client_for(credentials), timeout=5, reach_timeout=0.5, backoff=FAST,
+                        on_event=lambda what, name: events.append((what, name)))
+    assert steps == ["reset", "down"] and events == [("reset", "worker-1"), ("down", "worker-1")]
+    (reset,) = fakes["worker-1"].calls_for("Reset")
+    assert (reset.request.graceful, reset.request.reboot) == (True, False)  # cordon and drain, then power off
+
+
+def test_a_node_that_keeps_answering_after_its_reset_is_reported(cluster, credentials):
+    nodes, fakes = cluster
+    # accepts the reset and does nothing
+    fakes["worker-1"].behaviours["Reset"] = lambda _node, _request, _context: machine_pb2.ResetResponse()
+    assert _remove(nodes, credentials, "worker-1", timeout=0.6) == ["reset", "still-answering-after-reset"]
+
+
+def test_a_control_plane_that_is_not_an_etcd_member_only_is_reset(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-3"].etcd_members = [m for m in fakes["cp-3"].etcd_members if m.hostname != "cp-3"]
+    assert _remove(nodes, credentials, "cp-3") == ["etcd-not-a-member", "reset", "down"]
+    assert not any(fake.calls_for("EtcdLeaveCluster") or fake.calls_for("EtcdRemoveMemberByID")
+                   for fake in fakes.values())
+    assert fakes["cp-3"].calls_for("Reset")[0].request.graceful is True
+
+
+def test_a_control_plane_whose_etcd_does_not_answer_is_removed_elsewhere_and_reset_gracefully(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-2"].fail_next("EtcdMemberList", grpc.StatusCode.INTERNAL, "etcdserver: no leader", times=50)
+    assert _remove(nodes, credentials, "cp-2") == ["etcd-remove-member via cp-1", "reset", "down"]
+    assert fakes["cp-1"].calls_for("EtcdRemoveMemberByID")[0].request.member_id == MEMBER_IDS["cp-2"]
+    assert fakes["cp-2"].calls_for("Reset")[0].request.graceful is True
+
+
+def test_the_node_itself_among_the_peers_is_skipped_not_the_end_of_the_list(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-3"].go_down()
+    peers = [nodes["cp-3"], nodes["cp-1"]]
+    steps = remove_node(nodes["cp-3"], _client_for(credentials), peers, timeout=5, reach_timeout=0.5, backoff=FAST)
+    assert steps == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
+
+
+def test_a_removal_through_a_peer_retries_what_is_transient(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-3"].go_down()
+    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", grpc.StatusCode.UNAVAILABLE, "etcd leader changed")
+    assert _remove(nodes, credentials, "cp-3")[0] == "etcd-remove-member via cp-1"
+    assert len(fakes["cp-1"].calls_for("EtcdRemoveMemberByID")) == 2
+
+
+def test_a_control_plane_back_in_maintenance_mode_is_removed_elsewhere_and_not_reset(cluster, credentials):
+    """Reinstalled under us, it answers with its maintenance certificate: as unreachable as a rebooting
+    node, so its member goes through a peer and no reset is tried."""
+    nodes, fakes = cluster
+    fakes["cp-3"].go_down()
+    fakes["cp-3"].come_up(mode="maintenance")
+    assert _remove(nodes, credentials, "cp-3") == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
+
+
+def test_the_refusal_names_what_each_peer_answered(cluster, credentials):
+    nodes, fakes = cluster
+    for name in ("cp-2", "cp-3"):
+        fakes[name].go_down()
+    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", grpc.StatusCode.PERMISSION_DENIED, "not allowed", times=5)
+    with pytest.raises(RemovalError) as refused:
+        _remove(nodes, credentials, "cp-2")
+    message = str(refused.value)
+    assert message.startswith("node cp-2 (10.5.0.2): its etcd member could not be removed; the node cannot leave by "
+                              "itself and no other control plane removed it (cp-1: ")
+    assert "not allowed" in message and "; cp-3: etcd members via cp-3: gave up after 0.5s" in message
+    assert message.endswith("). Remove it by hand (talosctl etcd remove-member) before destroying the VM; if the "
+                            "whole cluster is gone, drop this node's lifecycle resource from the state (pulumi "
+                            "state delete) instead.")
+
+
+def test_the_refusal_without_any_peer_says_so(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["cp-2"].go_down()
+    with pytest.raises(RemovalError, match=r"removed it \(no other control plane known\)\. Remove it by hand"):
+        remove_node(nodes["cp-2"], _client_for(credentials), [], timeout=5, reach_timeout=0.5, backoff=FAST)
+
+
+def test_a_reset_that_never_gets_through_names_the_node(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].fail_next("Reset", grpc.StatusCode.UNAVAILABLE, "rebooting", times=100)
+    with pytest.raises(GaveUp, match=r"^reset worker-1: gave up after 0.5s"):
+        _remove(nodes, credentials, "worker-1")
+
+
+def test_a_hung_node_is_given_up_on_after_the_reach_timeout(cluster, credentials):
+    """Each call is bounded by what is left of the reach timeout, not the client's own 2 s."""
+    nodes, fakes = cluster
+    for rpc in ("Version", "Reset"):
+        fakes["worker-1"].delays[rpc] = 3.0
+    started = time.monotonic()
+    assert _remove(nodes, credentials, "worker-1", reach_timeout=0.5) == ["reset-skipped-unreachable"]
+    assert time.monotonic() - started < 1.5
+
+
+def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].go_down()
+    now, slept = [0.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    steps = _remove(nodes, credentials, "worker-1", reach_timeout=0.5, sleep=sleep, clock=lambda: now[0])
+    assert steps == ["reset-skipped-unreachable"]
+    assert slept == list(itertools.islice(FAST.delays(), len(slept))) and len(slept) >= 3
