@@ -1,7 +1,9 @@
 """Rolling Talos upgrades against in-process stand-in nodes over mTLS: order, waits, a failing node stops the roll."""
 
+import itertools
 import time
 
+import grpc
 import pytest
 
 from talos_proxmox.day_two.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
@@ -151,3 +153,108 @@ def test_a_rerun_leaves_a_node_already_on_the_target_version_alone(cluster, cred
     assert fakes["cp-1"].calls_for("Upgrade") == []
     assert ("already-upgraded", "cp-1") in events and ("upgrade-requested", "cp-1") not in events
     assert [len(fakes[name].calls_for("Upgrade")) for name in ("cp-2", "worker-1")] == [1, 1]
+
+
+# --- an upgrade that goes wrong, each way, named by its node --------------------------------------
+
+
+def _worker(nodes):
+    return next(n for n in nodes if n.name == "worker-1")
+
+
+def _upgrade(credentials, node, **kwargs):
+    with _client(credentials, node) as client:
+        upgrade_node(client, node, IMAGE, **{"talos_version": NEW, "timeout": 5, "backoff": FAST, **kwargs})
+
+
+def test_a_node_that_accepts_the_upgrade_but_never_reboots_is_reported(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].behaviours["Upgrade"] = lambda _node, _request, _context: machine_pb2.UpgradeResponse(
+        messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes), timeout=1.5)
+    assert str(failed.value).startswith("node worker-1 (10.5.0.11): did not reboot into the upgrade within ")
+    assert f"still running Talos {OLD}; waiting for it to reboot" in str(failed.value)
+
+
+def test_permission_denied_while_waiting_for_the_reboot_stops_at_once_naming_the_node(cluster, credentials):
+    nodes, fakes = cluster
+    fake = fakes["worker-1"]
+
+    def upgrade_then_deny(node, request, context):
+        node.fail_next("Version", grpc.StatusCode.PERMISSION_DENIED, "not authorized", times=100)
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+
+    fake.behaviours["Upgrade"] = upgrade_then_deny
+    started = time.monotonic()
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes), timeout=30)
+    assert str(failed.value).startswith("node worker-1 (10.5.0.11): failed while waiting for it to reboot into the "
+                                        "upgrade: ")
+    assert "not authorized" in str(failed.value)
+    assert time.monotonic() - started < 10  # not taken for a reboot and waited out
+
+
+def test_a_refused_upgrade_names_the_node_and_the_image(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].fail_next("Upgrade", grpc.StatusCode.PERMISSION_DENIED, "not authorized")
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes))
+    assert str(failed.value).startswith(f"node worker-1 (10.5.0.11): upgrade to {IMAGE} was refused: ")
+    assert len(fakes["worker-1"].calls_for("Upgrade")) == 1  # not retried
+    assert fakes["worker-1"].version_tag == OLD
+
+
+def test_an_upgrade_call_that_hangs_is_bounded_by_the_overall_deadline(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].delays["Upgrade"] = 8.0
+    started = time.monotonic()
+    with pytest.raises(RollError, match=r"^node worker-1 \(10\.5\.0\.11\): upgrade to .* was refused: "):
+        _upgrade(credentials, _worker(nodes), timeout=2.0, preflight_timeout=1.0)
+    assert time.monotonic() - started < 6
+
+
+def test_a_transient_error_on_the_upgrade_call_is_retried(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].fail_next("Upgrade", grpc.StatusCode.UNAVAILABLE, "connection reset")
+    events = []
+    _upgrade(credentials, _worker(nodes), on_event=lambda what, name: events.append((what, name)))
+    assert len(fakes["worker-1"].calls_for("Upgrade")) == 2 and fakes["worker-1"].version_tag == NEW
+    assert events == [(what, "worker-1") for what in ("healthy-before", "upgrade-requested", "rebooted", "healthy")]
+
+
+def test_the_etcd_snapshot_hook_runs_after_the_health_check_and_before_the_upgrade(cluster, credentials):
+    nodes, fakes = cluster
+    seen = []
+    _upgrade(credentials, _worker(nodes),
+             before_upgrade=lambda: seen.append((len(fakes["worker-1"].calls_for("ServiceList")),
+                                                 len(fakes["worker-1"].calls_for("Upgrade")))))
+    assert len(seen) == 1 and seen[0][0] >= 1 and seen[0][1] == 0
+
+
+def test_a_node_healthy_again_on_the_old_version_is_not_taken_as_upgraded(cluster, credentials):
+    """The node rebooted but came back on the old Talos (a failed install): the wait after it wants the new tag."""
+    nodes, fakes = cluster
+
+    def reboot_without_upgrading(node, request, context):
+        node.reboot(0.2)
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+
+    fakes["worker-1"].behaviours["Upgrade"] = reboot_without_upgrading
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes), timeout=2.5)
+    assert "not healthy after" in str(failed.value) and f"expected {NEW}" in str(failed.value)
+
+
+def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].go_down()
+    now, slept = [0.0], []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    with _client(credentials, _worker(nodes)) as client, pytest.raises(RollError, match="not healthy after 2s"):
+        wait_healthy(client, _worker(nodes), timeout=2, backoff=FAST, sleep=sleep, clock=lambda: now[0])
+    assert slept == list(itertools.islice(FAST.delays(), len(slept))) and len(slept) >= 3

@@ -136,6 +136,8 @@ def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expecte
                         retry_if=lambda e: isinstance(e, NodeNotHealthy), sleep=sleep, clock=clock)
     except GaveUp as exc:
         raise RollError(node, f"did not reboot into the upgrade within {timeout:g}s: {exc.last_error}") from None
+    except errors.TalosApiError as exc:  # e.g. PERMISSION_DENIED: an answer, not a node going down
+        raise RollError(node, f"failed while waiting for it to reboot into the upgrade: {exc}") from None
 
 
 def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_version: Optional[str],
