@@ -30,8 +30,10 @@ from talos_proxmox.cluster_plan.addon_values import (
     hubble_ui_exposure,
     hubble_ui_load_balancer_service,
     load_balancer_host,
+    release_sha256,
 )
 from providers.cluster_health import ClusterHealth
+from providers.helm_release_mode import AtomicUpgrades
 from talos_proxmox.settings.stack import Settings
 
 # Seconds Helm waits for a release's workloads; a fresh cluster pulls every image first.
@@ -39,11 +41,11 @@ RELEASE_TIMEOUT_SECONDS = 600
 
 
 def _release(resource_name: str, release_name: str, chart: str, version: str, values: dict[str, Any],
-             opts: pulumi.ResourceOptions, **chart_args: Any) -> k8s.helm.v3.Release:
+             opts: pulumi.ResourceOptions, atomic: pulumi.Input[bool] = True, **chart_args: Any) -> k8s.helm.v3.Release:
     """A release in kube-system that rolls back (atomic) and cleans up when an install or upgrade fails."""
     return k8s.helm.v3.Release(
         resource_name, name=release_name, chart=chart, version=version, namespace=NAMESPACE, values=values,
-        atomic=True, cleanup_on_fail=True, timeout=RELEASE_TIMEOUT_SECONDS, opts=opts, **chart_args)
+        atomic=atomic, cleanup_on_fail=True, timeout=RELEASE_TIMEOUT_SECONDS, opts=opts, **chart_args)
 
 
 class ClusterAddons(pulumi.ComponentResource):
@@ -57,7 +59,8 @@ class ClusterAddons(pulumi.ComponentResource):
         kubeconfig: the admin kubeconfig (secret) for the health wait; without it the wait is skipped.
         opts: resource options of the component.
 
-    Attributes: `cilium` and `ccm` (Releases or None), `load_balancer_pool` (Cilium's LB-IPAM pool and L2
+    Attributes: `cilium` and `ccm` (Releases or None), `cilium_atomic` (whether Cilium's release is
+    atomic: not on its first install), `load_balancer_pool` (Cilium's LB-IPAM pool and L2
     policy, after Cilium, or []), `hubble_ui_service` (the UI's LoadBalancer Service, or None), `health` (ClusterHealth or None), `cilium_values`, `ccm_values` (the values
     sent), `hubble_ui_address` (Output: URL of the Hubble UI, None when the UI is off).
     """
@@ -83,10 +86,19 @@ class ClusterAddons(pulumi.ComponentResource):
         self.ccm_values: Optional[dict[str, Any]] = None
         self.hubble_ui_address: pulumi.Output[Optional[str]] = pulumi.Output.from_input(None)
 
+        self.cilium_atomic: Optional[AtomicUpgrades] = None
         if settings.cilium.enabled:
             self.cilium_values = cilium_values(settings)
+            # Not atomic on the first install: a failed one would be uninstalled with the cluster's network.
+            self.cilium_atomic = AtomicUpgrades(
+                "cilium-atomic", kubeconfig=kubeconfig if kubeconfig is not None else "", namespace=NAMESPACE,
+                release=CILIUM_RELEASE,
+                release_sha256=release_sha256(CILIUM_CHART, settings.cilium.version, self.cilium_values,
+                                              settings.cilium.repository),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)))
             self.cilium = _release(
                 "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values, after_cluster,
+                atomic=self.cilium_atomic.atomic,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository))
             # Cilium's operator registers the pool's CRDs once it runs, which the release waited for.
             after_cilium = pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=[self.cilium])

@@ -19,6 +19,7 @@ from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime.mocks import MockMonitor
 
 from components.addons import ClusterAddons
+from talos_proxmox.cluster_plan.addon_values import release_sha256
 from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests.test_addons_values import seed_ccm_values, seed_cilium_values
 
@@ -28,7 +29,7 @@ LB_ADDRESS = "10.255.200.240"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 SERVICE = "kubernetes:core/v1:Service"
 CUSTOM_TYPES = ("kubernetes:cilium.io/v2:CiliumLoadBalancerIPPool", "kubernetes:cilium.io/v2alpha1:CiliumL2AnnouncementPolicy")
-HEALTH = "pulumi-python:dynamic:Resource"
+HEALTH = DYNAMIC = "pulumi-python:dynamic:Resource"
 
 
 @dataclass
@@ -80,6 +81,8 @@ class Mocks(pulumi.runtime.Mocks):
         if args.typ == RELEASE:
             outputs["status"] = {"name": args.inputs["name"], "namespace": args.inputs["namespace"], "revision": 1}
             return f"{args.inputs['namespace']}/{args.inputs['name']}", outputs
+        if args.name == "cilium-atomic":
+            outputs["atomic"] = False  # what its create answers: a first install is not atomic
         if args.typ == SERVICE and args.inputs.get("spec", {}).get("type") == "LoadBalancer":
             # What the LB-IPAM pool gives once the Service exists (pulumi-kubernetes awaits it).
             outputs["status"] = {"loadBalancer": {"ingress": [{"ip": LB_ADDRESS}]}}
@@ -150,7 +153,7 @@ def run(settings, with_kubeconfig=True) -> Run:
 def test_seed_stack_installs_cilium_and_ccm_after_bootstrap_and_kubeconfig():
     r = run(stack())
     assert r.registered() == {("register", RELEASE, "cilium"), ("register", RELEASE, "talos-ccm"),
-                              ("register", HEALTH, "health")}
+                              ("register", HEALTH, "health"), ("register", DYNAMIC, "cilium-atomic")}
     provider_urn = r.urn("k8s")
     bootstrap, kubeconfig = r.urn("bootstrap"), r.urn("kubeconfig")
 
@@ -159,7 +162,14 @@ def test_seed_stack_installs_cilium_and_ccm_after_bootstrap_and_kubeconfig():
         "cilium", "cilium", "1.19.6", "kube-system")
     assert cilium.inputs["repositoryOpts"] == {"repo": "https://helm.cilium.io"}
     assert cilium.inputs["values"] == seed_cilium_values()
-    assert cilium.inputs["atomic"] is True
+    # Not atomic on its first install (a failed one would be uninstalled with the network); atomic
+    # upgrades once Helm has it deployed (tests/test_helm_release_mode.py)
+    atomic = r.one(DYNAMIC, "cilium-atomic")
+    assert cilium.inputs["atomic"] is False and atomic.urn in cilium.dependencies
+    assert (atomic.inputs["namespace"], atomic.inputs["release"]) == ("kube-system", "cilium")
+    assert atomic.inputs["release_sha256"] == release_sha256("cilium", "1.19.6", seed_cilium_values(),
+                                                            "https://helm.cilium.io")
+    assert "kubeconfig" in atomic.secret_inputs and {bootstrap, kubeconfig} <= set(atomic.dependencies)
     assert {bootstrap, kubeconfig} <= set(cilium.dependencies)
     assert cilium.provider.startswith(provider_urn + "::")
 
@@ -242,7 +252,8 @@ def test_health_wait_follows_settings_and_needs_the_kubeconfig():
 
 def test_dev_stack_has_no_ccm_and_no_kubespan_mtu():
     r = run(stack("dev"))
-    assert r.registered() == {("register", RELEASE, "cilium"), ("register", HEALTH, "health")}
+    assert r.registered() == {("register", RELEASE, "cilium"), ("register", HEALTH, "health"),
+                              ("register", DYNAMIC, "cilium-atomic")}
     values = r.one(RELEASE, "cilium").inputs["values"]
     assert "MTU" not in values and values["k8sServicePort"] == 7445
     assert r.one(HEALTH, "health").inputs["expected_nodes"] == 2

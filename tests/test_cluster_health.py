@@ -6,6 +6,7 @@ import json
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 import pytest
 import yaml
@@ -28,6 +29,14 @@ NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/namespaces/kube-system/pods"
 DAEMONSETS_PATH = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 COREDNS_PATH = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"
+SECRETS_PATH = "/api/v1/namespaces/kube-system/secrets"
+
+
+def helm_release_secret(release: str, revision: int, status: str) -> dict:
+    """A Helm 3 release revision as Helm stores it (the release itself, in `data`, is left out)."""
+    return {"metadata": {"name": f"sh.helm.release.v1.{release}.v{revision}", "namespace": "kube-system",
+                         "labels": {"owner": "helm", "name": release, "status": status, "version": str(revision)}},
+            "type": "helm.sh/release.v1"}
 
 
 def node(name, ready, reason=None, message=None, control_plane=None):
@@ -87,6 +96,7 @@ class StandInApi:
         self.token = token
         self.requests: list[tuple[str, str]] = []
         self.deletable: set[str] = set()  # Node names a DELETE finds
+        self.secrets: list[dict] = []  # kube-system Secrets, e.g. Helm's release revisions (helm_release_secret)
         self.polls = 0
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         load_cert_chain(context, server_pem, server_key)
@@ -115,6 +125,13 @@ class StandInApi:
                     return self._send(200, pods)
                 if self.path == DAEMONSETS_PATH:
                     return self._send(200, sets)
+                path, _, query = self.path.partition("?")
+                if path == SECRETS_PATH:
+                    wanted = dict(pair.split("=", 1) for pair in
+                                  parse_qs(query).get("labelSelector", [""])[0].split(",") if pair)
+                    items = [secret for secret in api.secrets
+                             if all(secret["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+                    return self._send(200, {"kind": "SecretList", "items": items})
                 if self.path == COREDNS_PATH:
                     api.polls += 1  # the second read of a poll
                     return self._send(404, {}) if deployment is None else self._send(200, deployment)

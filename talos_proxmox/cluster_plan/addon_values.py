@@ -7,6 +7,8 @@ top with Helm's rules, so a user override always has the last word. No Pulumi im
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
@@ -33,6 +35,12 @@ CLEAN_CILIUM_STATE_CAPABILITIES = ("NET_ADMIN", "SYS_ADMIN", "SYS_RESOURCE")
 HUBBLE_UI_SERVICE = "hubble-ui"
 HUBBLE_UI_PORT = 80
 HUBBLE_UI_NODE_PORT = 31235  # the chart's default nodePort, pinned so the exported address is known
+
+
+def release_sha256(chart: str, version: str, values: Mapping[str, Any], repository: Optional[str] = None) -> str:
+    """A fingerprint of what a Helm release installs: it changes exactly when an upgrade would run."""
+    document = {"chart": chart, "version": version, "values": values, "repository": repository}
+    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def cilium_mtu(settings: Settings) -> Optional[int]:

@@ -120,7 +120,8 @@ def _named(doc: Mapping, section: str, field: str, name: Any) -> Mapping:
 
 
 class KubeApi:
-    """JSON client for the few calls we make: the health check's reads, and deleting a removed node."""
+    """JSON client for the few calls we make: the health check's reads, deleting a removed node, and
+    whether a Helm release is deployed."""
 
     def __init__(self, access: KubeAccess, request_timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.server = access.server
@@ -273,6 +274,16 @@ def delete_node(api: KubeApi, name: str) -> str:
 
     return "kubernetes-node-deleted" if api.delete(f"/api/v1/nodes/{quote(name)}") is not None \
         else "kubernetes-node-already-gone"
+
+
+def helm_release_deployed(api: KubeApi, namespace: str, release: str) -> bool:
+    """Whether Helm has a deployed revision of `release`: Helm 3 keeps each revision as a Secret in the
+    release's namespace labelled owner=helm, name=<release>, status=<status>."""
+    from urllib.parse import quote, urlencode
+
+    selector = urlencode({"labelSelector": f"owner=helm,name={release},status=deployed"})
+    found = api.get(f"/api/v1/namespaces/{quote(namespace)}/secrets?{selector}")
+    return bool(found and found.get("items"))
 
 
 def wait_for_health(api: KubeApi, expected_nodes: int, timeout_seconds: float,
