@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import pulumi
 import pytest
 
+from talos_proxmox.day_two import rolling
 from talos_proxmox.day_two.rolling import RollNode
+from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import Backoff
 from tests.mocked_program import RecordingMonitor
@@ -26,6 +29,32 @@ def bundle():
 @pytest.fixture(scope="module")
 def credentials(bundle):
     return client_credentials(bundle)
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch):
+    """The roll's and the Talos operations' default retries made fast (import it with autouse in a module)."""
+    monkeypatch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
+    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+
+
+class FakeClock:
+    """A clock that only moves when `sleep` is called, which records each sleep: what a wait given
+    `sleep=clock.sleep, clock=clock` must use instead of real time."""
+
+    def __init__(self) -> None:
+        self.now, self.slept = 0.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def slept_as(self, backoff) -> bool:
+        """Whether the sleeps were `backoff`'s delays, in order, at least three of them."""
+        return len(self.slept) >= 3 and self.slept == list(itertools.islice(backoff.delays(), len(self.slept)))
 
 
 def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", downtime: float = 0.3,

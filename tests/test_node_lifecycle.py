@@ -7,23 +7,18 @@ import yaml
 
 from providers import node_lifecycle
 
-from talos_proxmox.day_two import rolling
 from providers.node_lifecycle import NodeLifecycleProvider
 from talos_proxmox.day_two.rolling import RollError, RollNode, roll_predecessors
-from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config import secrets_bundle
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
-from tests.day_two import FAST, bundle, stand_in_cluster, stop_all  # noqa: F401 - fixture
+from tests.day_two import FAST, bundle, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
 OLD, NEW = "v1.12.6", "v1.13.7"
 
 
-@pytest.fixture(autouse=True)
-def fast_backoff(monkeypatch):
-    monkeypatch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
-    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """Removing a node: etcd leave (or remove via another control plane), then reset, against stand-in nodes."""
 
-import itertools
 import time
 
 import grpc
@@ -10,7 +9,7 @@ from talos_proxmox.day_two.node_removal import RemovalError, remove_node
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import GaveUp
-from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.day_two import FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
 LAYOUT = [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),
           ("cp-3", "10.5.0.3", "controlplane"), ("worker-1", "10.5.0.11", "worker")]
@@ -248,12 +247,6 @@ def test_a_hung_node_is_given_up_on_after_the_reach_timeout(cluster, credentials
 def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
     nodes, fakes = cluster
     fakes["worker-1"].go_down()
-    now, slept = [0.0], []
-
-    def sleep(seconds):
-        slept.append(seconds)
-        now[0] += seconds
-
-    steps = _remove(nodes, credentials, "worker-1", reach_timeout=0.5, sleep=sleep, clock=lambda: now[0])
-    assert steps == ["reset-skipped-unreachable"]
-    assert slept == list(itertools.islice(FAST.delays(), len(slept))) and len(slept) >= 3
+    clock = FakeClock()
+    steps = _remove(nodes, credentials, "worker-1", reach_timeout=0.5, sleep=clock.sleep, clock=clock)
+    assert steps == ["reset-skipped-unreachable"] and clock.slept_as(FAST)

@@ -1,6 +1,5 @@
 """Rolling Talos upgrades against in-process stand-in nodes over mTLS: order, waits, a failing node stops the roll."""
 
-import itertools
 import time
 
 import grpc
@@ -10,7 +9,7 @@ from talos_proxmox.day_two.rolling import RollError, RollNode, health_problems, 
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
-from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.day_two import FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 from tests.talos_api_server import FakeTalosNode
 
 OLD, NEW = "v1.12.6", "v1.13.7"
@@ -249,12 +248,7 @@ def test_a_node_healthy_again_on_the_old_version_is_not_taken_as_upgraded(cluste
 def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
     nodes, fakes = cluster
     fakes["worker-1"].go_down()
-    now, slept = [0.0], []
-
-    def sleep(seconds):
-        slept.append(seconds)
-        now[0] += seconds
-
+    clock = FakeClock()
     with _client(credentials, _worker(nodes)) as client, pytest.raises(RollError, match="not healthy after 2s"):
-        wait_healthy(client, _worker(nodes), timeout=2, backoff=FAST, sleep=sleep, clock=lambda: now[0])
-    assert slept == list(itertools.islice(FAST.delays(), len(slept))) and len(slept) >= 3
+        wait_healthy(client, _worker(nodes), timeout=2, backoff=FAST, sleep=clock.sleep, clock=clock)
+    assert clock.slept_as(FAST)

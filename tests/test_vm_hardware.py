@@ -4,14 +4,13 @@ or CPU type roll in through the Proxmox API (the PVE stand-in) with the node's h
 import pytest
 
 from providers.node_lifecycle import NodeLifecycleProvider
-from talos_proxmox.day_two import rolling, vm_hardware
+from talos_proxmox.day_two import vm_hardware
 from talos_proxmox.day_two.rolling import RollError
 from talos_proxmox.proxmox_api import vms
-from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
-from tests.day_two import FAST, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.day_two import FAST, bundle, credentials, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 from tests.pve_stand_in import PVE_HOST, TOKEN_SECRET, serve_proxmox
 
 VM_ID = 9101
@@ -19,10 +18,7 @@ OLD = dict(host=PVE_HOST, vm_id=VM_ID, mac="bc:24:11:00:01:01", cores=2, memory_
            disk_gb=20, data_disk_gb=None)
 
 
-@pytest.fixture(autouse=True)
-def fast_backoff(monkeypatch):
-    monkeypatch.setattr(rolling, "DEFAULT_BACKOFF", FAST)
-    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", FAST)
+pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 
 @pytest.fixture
