@@ -333,3 +333,49 @@ def _is_secret_value(value) -> bool:
 def test_resource_rejects_an_unknown_mode_in_the_program():
     with pytest.raises(ValueError, match="mode 'fast'"):
         talos_operations.ConfigurationApply("x", node="10.5.0.2", machine_configuration="", talosconfig="", mode="fast")
+
+
+# --- the operations' retries and outcomes, pinned ---------------------------------------------------
+
+
+def _apply(node, **kwargs):
+    return operations.apply_machine_configuration(
+        "127.0.0.1", kwargs.pop("config", CONFIG), _talosconfig(), endpoint=node.endpoint,
+        **{"insecure_first": False, "timeout": 10, **kwargs})
+
+
+def test_an_apply_already_in_progress_is_retried(configured_node):
+    configured_node.fail_next("ApplyConfiguration", grpc.StatusCode.FAILED_PRECONDITION,
+                              "config apply is already in progress")
+    outcome = _apply(configured_node)
+    assert len(configured_node.calls_for("ApplyConfiguration")) == 2
+    assert (outcome.via, outcome.mode, outcome.rebooted) == ("mtls", "NO_REBOOT", False)
+
+
+def test_any_other_failed_precondition_of_an_apply_fails_at_once(configured_node):
+    configured_node.fail_next("ApplyConfiguration", grpc.StatusCode.FAILED_PRECONDITION, "bad machine type")
+    with pytest.raises(operations.errors.TalosApiError, match="bad machine type"):
+        _apply(configured_node)
+    assert len(configured_node.calls_for("ApplyConfiguration")) == 1
+
+
+def test_an_apply_says_whether_the_node_rebooted(maintenance_node, configured_node):
+    first = operations.apply_machine_configuration("127.0.0.1", CONFIG, _talosconfig(),
+                                                   endpoint=maintenance_node.endpoint, timeout=10)
+    assert (first.via, first.rebooted) == ("insecure", True)  # it installs and reboots
+    assert _apply(configured_node, mode="no-reboot").rebooted is False
+    assert _apply(configured_node, config=NEW_CONFIG, mode="reboot").rebooted is True
+    configured_node.auto_needs_reboot = True
+    resolved = _apply(configured_node, config=CONFIG + "# changed\n")
+    assert (resolved.mode, resolved.rebooted) == ("REBOOT", True)
+
+
+def test_bootstrap_and_kubeconfig_wait_through_a_reboot(configured_node):
+    configured_node.kubeconfig_yaml = KUBECONFIG
+    configured_node.go_down()
+    configured_node.reboot(0.3, after=0.0)  # comes back in 0.3 s
+    assert operations.bootstrap_etcd("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint, timeout=10)
+    configured_node.fail_next("Kubeconfig", grpc.StatusCode.UNAVAILABLE, "apid restarting")
+    assert operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint,
+                                       timeout=10) == KUBECONFIG
+    assert len(configured_node.calls_for("Kubeconfig")) == 2
