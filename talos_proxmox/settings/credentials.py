@@ -51,16 +51,16 @@ def is_secure(value: Any) -> bool:
     return isinstance(value, Mapping) and set(value) == {SECURE} and isinstance(value[SECURE], str)
 
 
-def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+def plain_leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """(path, value) of every plain leaf; encrypted values are leaves that are skipped."""
     if is_secure(value):
         return
     if isinstance(value, Mapping):
         for key, child in value.items():
-            yield from _leaves(child, f"{path}.{key}")
+            yield from plain_leaves(child, f"{path}.{key}")
     elif isinstance(value, list):
         for index, child in enumerate(value):
-            yield from _leaves(child, f"{path}[{index}]")
+            yield from plain_leaves(child, f"{path}[{index}]")
     else:
         yield path, value
 
@@ -86,7 +86,7 @@ def plaintext_credentials(stack_config: Mapping[str, Any]) -> list[str]:
     """One message per credential stored in plain text in a stack file's `config:` mapping."""
     problems = []
     for key in sorted(stack_config or {}):
-        for path, value in _leaves(stack_config[key], key):
+        for path, value in plain_leaves(stack_config[key], key):
             if value is None or value == "" or isinstance(value, bool):
                 continue
             if path in PROXMOX_CREDENTIALS or is_credential_name(_last_name(path)):

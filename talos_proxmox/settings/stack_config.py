@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from talos_proxmox.settings.credentials import SECURE, ensure_no_plaintext_credentials, is_secure
+from talos_proxmox.settings.credentials import SECURE, ensure_no_plaintext_credentials, is_secure, plain_leaves
 from talos_proxmox.settings.stack import PROJECT, Settings, SettingsError, load_settings, stack_file_values
 from talos_proxmox.talos_config import secrets_bundle
 
@@ -72,17 +72,6 @@ def misspelled_namespaces(keys: Iterator[str] | list[str]) -> list[str]:
     return problems
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _strings(v)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v)
-
-
 def mask_secrets(lines: list[str], secrets: set[str]) -> list[str]:
     """`lines` with every secret string replaced by MASK; longest first, so no tail of a longer secret that
     contains a shorter one stays visible."""
@@ -122,7 +111,8 @@ def load_stack(config: StackConfig, base_dir: Path) -> Settings:
     from talos_proxmox.cluster_plan.config_preflight import node_config_problems
 
     ensure_no_plaintext_credentials(config.shaped())
-    secrets = {s for k in config.secret_keys if not is_secure(config.values[k]) for s in _strings(config.values[k])}
+    secrets = {leaf for k in config.secret_keys for _path, leaf in plain_leaves(config.values[k], k)
+               if isinstance(leaf, str)}
     prefix = f"{PROJECT}:"
     problems = misspelled_namespaces(list(config.values))
     raw, secret_tops = {}, set()
