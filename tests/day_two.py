@@ -52,9 +52,11 @@ class FakeClock:
         self.slept.append(seconds)
         self.now += seconds
 
-    def slept_as(self, backoff) -> bool:
-        """Whether the sleeps were `backoff`'s delays, in order, at least three of them."""
-        return len(self.slept) >= 3 and self.slept == list(itertools.islice(backoff.delays(), len(self.slept)))
+    def slept_as(self, backoff, within: float) -> bool:
+        """Whether the sleeps were `backoff`'s delays, in order, at least three of them, and together
+        stayed within the wait's `within` seconds (a wait on the real clock would sleep on and on)."""
+        return (len(self.slept) >= 3 and sum(self.slept) <= within
+                and self.slept == list(itertools.islice(backoff.delays(), len(self.slept))))
 
 
 def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", downtime: float = 0.3,
