@@ -44,7 +44,8 @@ MODULES = {
                ["tests/test_machine_config.py", "tests/test_node_patches.py"]),
     "redaction": (["talos_proxmox/talos_config/redaction.py"], ["tests/test_config_redaction.py"]),
     "operations": (["talos_proxmox/talos_api/operations.py"], ["tests/test_talos_api_resources.py"]),
-    "rolling": (["talos_proxmox/day_two/rolling.py"], ["tests/test_rolling_upgrade.py", "tests/test_talos_health.py"]),
+    "rolling": (["talos_proxmox/day_two/rolling.py"],
+                ["tests/test_rolling_upgrade.py", "tests/test_talos_health.py", "tests/test_node_lifecycle.py"]),
     "removal": (["talos_proxmox/day_two/node_removal.py"], ["tests/test_node_removal.py"]),
 }
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a failing test, an internal pytest error, or a timeout (mutmut's codes)

@@ -252,3 +252,22 @@ def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
     with _client(credentials, _worker(nodes)) as client, pytest.raises(RollError, match="not healthy after 2s"):
         wait_healthy(client, _worker(nodes), timeout=2, backoff=FAST, sleep=clock.sleep, clock=clock)
     assert clock.slept_as(FAST, within=2)
+
+
+def test_a_step_that_fails_with_any_error_stops_the_roll_with_its_message(cluster):
+    nodes, _ = cluster
+
+    def step(node):
+        if node.name == "cp-2":
+            raise OSError("disk full")
+
+    with pytest.raises(RollError) as failed:
+        roll(nodes, step)
+    assert str(failed.value) == ("rolling operation stopped at node cp-2 (10.5.0.2): disk full; finished: cp-1; "
+                                 "not touched: worker-1")
+
+
+def test_unknown_roles_are_all_named_with_the_roles_there_are():
+    with pytest.raises(ValueError) as failed:
+        roll_order([RollNode("a", "10.0.0.1", "master"), RollNode("b", "10.0.0.2", "etcd")])
+    assert str(failed.value) == "role of node(s) a, b is not one of controlplane, worker"
