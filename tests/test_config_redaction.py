@@ -7,11 +7,14 @@ import pytest
 from talos_proxmox.talos_config import secrets_bundle
 from talos_proxmox.talos_config.redaction import (
     MASK,
+    SECRET_KEY_NAMES,
     SECRET_PATHS,
     RedactionError,
+    bundle_values,
     certificate_fingerprint,
     config_diff,
     redact_config,
+    redact_documents,
 )
 from talos_proxmox.talos_config.machine_config import parse_config, render
 from tests import seed_cluster as seed
@@ -248,3 +251,60 @@ def test_redacted_config_is_a_plain_output_while_the_config_stays_secret(bundle)
         return resource.redacted_config.apply(verify)
 
     check()
+
+
+# --- each rule on its own -----------------------------------------------------------------------------
+
+
+def _redacted(document, bundle=None):
+    [redacted] = redact_documents([document], bundle)
+    return redacted
+
+
+def test_a_bundle_secret_inside_a_longer_one_leaves_no_tail_visible():
+    short, long = "abcdefgh12", "abcdefgh12-and-more-secret"
+    fake_bundle = {"secrets": {"a": short, "b": long}}
+    assert bundle_values(fake_bundle) == (long, short)
+    assert _redacted({"note": f"x {long} y {short}"}, fake_bundle) == {"note": f"x {MASK} y {MASK}"}
+
+
+def test_bundle_values_shorter_than_eight_characters_are_not_masked_in_free_text():
+    fake_bundle = {"secrets": {"a": "1234567", "b": "12345678"}}
+    assert _redacted({"note": "1234567 and 12345678"}, fake_bundle) == {"note": f"1234567 and {MASK}"}
+    assert bundle_values(None) == () and bundle_values({}) == ()
+
+
+@pytest.mark.parametrize("name", sorted(SECRET_KEY_NAMES))
+def test_every_credential_key_is_masked_in_any_document(name):
+    document = {"apiVersion": "v1alpha1", "kind": "ExtensionServiceConfig", "name": "svc",
+                "settings": [{name: "value-of-it", "keep": "visible"}]}
+    assert _redacted(document)["settings"] == [{name: MASK, "keep": "visible"}]
+
+
+def test_talos_secret_paths_are_masked_in_the_v1alpha1_document_only():
+    v1alpha1 = {"cluster": {"id": "cluster-id-value", "clusterName": "lab"}}
+    assert _redacted(v1alpha1) == {"cluster": {"id": MASK, "clusterName": "lab"}}
+    for other in ({"apiVersion": "v1alpha1", **v1alpha1}, {"kind": "Other", **v1alpha1}):
+        assert _redacted(other)["cluster"]["id"] == "cluster-id-value"  # `id` is only secret at that path
+
+
+def test_empty_values_numbers_and_flags_stay_as_they_are():
+    document = {"machine": {"token": "", "ca": {"key": "", "crt": ""}}, "port": 6443, "enabled": True,
+                "list": [{"password": "p4ss"}, "plain"]}
+    assert _redacted(document) == {"machine": {"token": "", "ca": {"key": "", "crt": ""}}, "port": 6443,
+                                   "enabled": True, "list": [{"password": MASK}, "plain"]}
+
+
+def test_a_certificate_shows_as_the_start_of_its_sha256():
+    assert certificate_fingerprint("x") == "<certificate sha256:2d711642b726b044>"
+    assert _redacted({"crt": "x"}) == {"crt": "<certificate sha256:2d711642b726b044>"}
+
+
+def test_the_diff_names_both_sides_and_keeps_the_context_asked_for():
+    old = "machine:\n  a: 1\n  b: 2\n  c: 3\n"
+    new = "machine:\n  a: 1\n  b: 5\n  c: 3\n"
+    assert config_diff(old, new, context=0, label="master-1") == (
+        "--- master-1 (current)\n+++ master-1 (planned)\n@@ -3 +3 @@\n-    b: 2\n+    b: 5\n")  # Talos YAML: 4 spaces
+    assert config_diff(old, new).splitlines()[:2] == ["--- machine config (current)", "+++ machine config (planned)"]
+    assert "     a: 1" in config_diff(old, new).splitlines()
+    assert redact_config("") == "" and config_diff(None, None) == ""
