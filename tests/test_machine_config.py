@@ -457,3 +457,64 @@ def test_empty_strings_and_zeros_do_not_clear_set_fields_but_false_does(bundle):
     assert cfg["machine"]["nodeLabels"]["zone"] == "a"
     assert cfg["machine"]["features"]["kubePrism"]["port"] == 7445
     assert cfg["cluster"]["network"]["dnsDomain"] == "cluster.local"
+
+
+# --- how patches find, add, merge and refuse documents, pinned ---------------------------------------
+
+
+def _documents(bundle, *patches):
+    return parse_config(_render(bundle, "worker", [DISK, *patches]))
+
+
+def test_documents_are_matched_by_kind_and_name():
+    bundle = seed.shared_bundle()
+    first = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: a\nenvironment: [X=1]\n"
+    second = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: b\nenvironment: [Y=2]\n"
+    again = "apiVersion: v1alpha1\nkind: ExtensionServiceConfig\nname: a\nenvironment: [Z=3]\n"
+    services = [d for d in _documents(bundle, first, second, again) if d.get("kind") == "ExtensionServiceConfig"]
+    assert [(d["name"], d["environment"]) for d in services] == [("a", ["X=1", "Z=3"]), ("b", ["Y=2"])]
+
+
+def test_the_callers_patches_are_left_as_they_were():
+    bundle = seed.shared_bundle()
+    patch = {"machine": {"network": {"hostname": "w1"}, "install": {"disk": "/dev/sdb"}}}
+    text_patch = "machine:\n  sysctls:\n    vm.max_map_count: '262144'\n"
+    before = copy.deepcopy(patch)
+    _render(bundle, "worker", [patch, text_patch])
+    again = _render(bundle, "worker", [patch, text_patch])
+    assert patch == before and _v1alpha1(again)["machine"]["install"]["disk"] == "/dev/sdb"
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ("apiVersion: v1alpha1\nname: x\n", "patch 2: a document with apiVersion needs a kind too"),
+    ("machine: {}\n---\n- just\n- a list\n", "patch 2: document 2 is a list; expected a mapping (strategic merge) "
+                                              "or one list of RFC 6902 operations"),
+    ("", "patch 2: is empty"),
+    (42, "patch 2: is a int; expected a mapping, YAML text or a list of RFC 6902 operations"),
+    ([{"op": "remove", "path": "/machine/nothing"}],
+     "patch 2: operation 1 (remove /machine/nothing) cannot be applied to the v1alpha1 document (JsonPatchConflict)"),
+    ([{"op": "replace", "path": "", "value": ["x"]}], "patch 2: the v1alpha1 document is no longer a mapping"),
+    ([{"op": "nope", "path": "/machine"}], "patch 2: operation 1 is not an RFC 6902 operation"),
+    ("apiVersion: v1alpha1\nkind: Nope\n$patch: delete\n",
+     "patch 2: $patch: delete of document v1alpha1/Nope, which the config does not have"),
+    ("apiVersion: v1alpha1\nkind: Nope\nsome:\n  $patch: delete\n",
+     "patch 2: $patch: delete inside document v1alpha1/Nope, which the config does not have"),
+])
+def test_patches_that_cannot_apply_are_refused_naming_the_patch(patch, expected):
+    with pytest.raises(MachineConfigError) as refused:
+        _render(seed.shared_bundle(), "worker", [DISK, patch])
+    assert str(refused.value).startswith(expected)
+
+
+def test_a_document_added_twice_is_refused():
+    doc = {"apiVersion": "v1alpha1", "kind": "Other", "name": "n"}
+    with pytest.raises(MachineConfigError, match="document v1alpha1/Other named 'n' appears twice"):
+        mc.finalize([*mc.default_documents(seed.shared_bundle(), seed.CLUSTER_NAME, seed.ENDPOINT, "worker",
+                                           seed.TALOS_VERSION, seed.KUBERNETES_VERSION), doc, dict(doc)], "worker")
+
+
+def test_a_json6902_patch_targets_the_v1alpha1_document_only():
+    bundle = seed.shared_bundle()
+    docs = _documents(bundle, [{"op": "add", "path": "/machine/sysctls", "value": {"a.b": "1"}}])
+    assert _v1alpha1(talos_yaml.dump_documents(docs))["machine"]["sysctls"] == {"a.b": "1"}
+    assert [d.get("kind") for d in docs[1:]] == ["HostnameConfig"]
