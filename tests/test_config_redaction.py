@@ -262,7 +262,7 @@ def _redacted(document, bundle=None):
 
 
 def test_a_bundle_secret_inside_a_longer_one_leaves_no_tail_visible():
-    short, long = "abcdefgh12", "abcdefgh12-and-more-secret"
+    short, long = "zzzzzzzz12", "aaaa-zzzzzzzz12-and-more-secret"  # the shorter one sorts after the longer
     fake_bundle = {"secrets": {"a": short, "b": long}}
     assert bundle_values(fake_bundle) == (long, short)
     assert _redacted({"note": f"x {long} y {short}"}, fake_bundle) == {"note": f"x {MASK} y {MASK}"}
@@ -308,3 +308,27 @@ def test_the_diff_names_both_sides_and_keeps_the_context_asked_for():
     assert config_diff(old, new).splitlines()[:2] == ["--- machine config (current)", "+++ machine config (planned)"]
     assert "     a: 1" in config_diff(old, new).splitlines()
     assert redact_config("") == "" and config_diff(None, None) == ""
+
+
+def test_a_document_that_is_not_a_mapping_is_named_by_its_number_and_kind():
+    with pytest.raises(RedactionError) as refused:
+        redact_config("machine: {}\n---\n- a\n")
+    assert str(refused.value) == "machine configuration document 2 is a list; expected a mapping"
+
+
+def test_the_diff_masks_bundle_secrets_in_free_text_on_both_sides(bundle):
+    token = bundle["secrets"]["bootstraptoken"]
+
+    def with_manifest(contents):
+        return _render(bundle, "controlplane", {"cluster": {"inlineManifests": [{"name": "m", "contents": contents}]}})
+
+    diff = config_diff(with_manifest(f"old: {token}"), with_manifest(f"new: {token}"), bundle)
+    assert f"-          contents: 'old: {MASK}'" in diff and f"+          contents: 'new: {MASK}'" in diff
+    assert token not in diff
+
+
+def test_the_diff_shows_three_lines_of_context_by_default():
+    old = "".join(f"k{i}: {i}\n" for i in range(10))
+    new = old.replace("k5: 5", "k5: 50")
+    lines = config_diff(old, new).splitlines()
+    assert [line for line in lines if line.startswith(" ")] == [f" k{i}: {i}" for i in (2, 3, 4, 6, 7, 8)]

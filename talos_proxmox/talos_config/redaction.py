@@ -138,4 +138,4 @@ def config_diff(old: Optional[str], new: Optional[str], secrets_bundle: Optional
     after = redact_config(new or "", secrets_bundle).splitlines(keepends=True)
     lines = difflib.unified_diff(before, after, fromfile=f"{label} (current)", tofile=f"{label} (planned)",
                                  n=context)
-    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    return "".join(lines)  # every line ends in a newline: the rendered texts always do
