@@ -11,7 +11,7 @@ runs the mutant's tests in a fresh `python -m pytest` instead (`_fresh_test_proc
 
 Each module runs in its own work directory, `.mutation/<module>/` (git-ignored), so runs of different
 modules never share mutmut's state, and a rerun after a change retests only what changed. The score
-is killed / (mutants - equivalent), where equivalent mutants are the ones `tests/data/
+is killed / (checked - equivalent), where equivalent mutants are the ones `tests/data/
 equivalent_mutants.txt` lists, each with why no test can tell it from the original. Survivors are
 printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmut show <name>)`.
 """
@@ -125,27 +125,30 @@ def results(module: str) -> dict[str, int | None]:
     return exit_codes
 
 
-def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, list[str]]:
-    """(killed, counted, equivalent, survivors) of the module's last run."""
+def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, int, list[str]]:
+    """(mutants, checked, equivalent, killed, survivors) of the module's last run; a run stopped part-way
+    leaves mutants not checked, which count neither way."""
     exit_codes = results(module)
-    counted = {name: code for name, code in exit_codes.items() if name not in equivalent}
+    checked = {name: code for name, code in exit_codes.items() if code is not None}
+    same = [name for name in checked if name in equivalent]
+    counted = {name: code for name, code in checked.items() if name not in equivalent}
     survivors = sorted(name for name, code in counted.items() if code not in KILLED)
-    return len(counted) - len(survivors), len(counted), len(exit_codes) - len(counted), survivors
+    return len(exit_codes), len(checked), len(same), len(counted) - len(survivors), survivors
 
 
 def report(modules: list[str]) -> bool:
     equivalent = equivalent_mutants()
-    print(f"{'module':<12}{'mutants':>9}{'equivalent':>12}{'killed':>8}{'score':>8}")
+    print(f"{'module':<12}{'mutants':>9}{'checked':>9}{'equivalent':>12}{'killed':>8}{'score':>8}")
     ok = True
     for module in modules:
-        killed, counted, same, survivors = score(module, equivalent)
-        if not counted:
+        total, checked, same, killed, survivors = score(module, equivalent)
+        if not checked:
             print(f"{module:<12}{'not run':>9}")
             ok = False
             continue
-        ratio = killed / counted
-        ok = ok and ratio >= TARGET
-        print(f"{module:<12}{counted + same:>9}{same:>12}{killed:>8}{ratio:>8.1%}")
+        ratio = killed / (checked - same)
+        ok = ok and ratio >= TARGET and checked == total
+        print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}")
         for name in survivors:
             print(f"    survived: {name}")
     return ok
