@@ -6,8 +6,8 @@
   healthy on the new Talos version).
 - update, Kubernetes version changed: the node's new configuration is applied (mTLS, auto) and the
   node must be healthy again before the update returns.
-- update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Proxmox reboot
-  that applies the VM's pending config, healthy again), through the Proxmox API with the provider's
+- update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Talos shutdown
+  that drains the node, a Proxmox start that applies the VM's pending config, healthy again), through the Proxmox API with the provider's
   own credentials (proxmoxve:* config or PROXMOX_VE_* variables, read in `configure`).
 - check: a change of the VM that Proxmox can only make by re-creating it (host, VM id, MAC) or that
   loses data (a smaller or removed disk) is refused before anything changes (`in_place_problems`).

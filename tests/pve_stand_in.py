@@ -1,10 +1,10 @@
 """The Proxmox VE host of the tests: fakepve's FakePve (the PVE JSON API over HTTPS, API tokens, tasks,
 pending config) with each VM tied to the stand-in Talos node that runs in it.
 
-What this adds to fakepve is the guest: a Proxmox reboot (`POST .../status/reboot`) takes the VM's
-FakeTalosNode down when the VM powers off and brings it up `boot_seconds` after the VM starts again,
-as Talos boots. Every power event is kept in time order in `power_events`, so a test can tell how many
-nodes were down at once. `vm_changed` does what the Proxmox provider does to a running VM whose
+What this adds to fakepve is the guest: when the VM's FakeTalosNode powers itself off (a Talos
+Shutdown), PVE sees the VM stopped; a Proxmox start (`POST .../status/start`) brings the node up
+`boot_seconds` later, as Talos boots. Every power event is kept in time order in `power_events`, so a
+test can tell how many nodes were down at once. `vm_changed` does what the Proxmox provider does to a running VM whose
 cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the VM's config, which
 PVE keeps as pending until the next power cycle.
 """
@@ -36,7 +36,7 @@ class PowerEvent:
     at: float  # time.monotonic()
     vm_id: int
     name: str
-    what: str  # "off" (the VM powered off; its node went down) or "up" (its node answers again)
+    what: str  # "off" (the node powered its VM off) or "up" (started again, its node answers)
 
 
 class ProxmoxStandIn(FakePve):
@@ -65,8 +65,10 @@ class ProxmoxStandIn(FakePve):
     def run_guest(self, vm_id: int, name: str, guest: FakeTalosNode, *, host: str = PVE_HOST,
                   config: Optional[dict] = None) -> None:
         """A running VM whose guest is `guest`."""
-        self.add_vm(vm_id, name, node=host, status="running", config=config)
+        vm = self.add_vm(vm_id, name, node=host, status="running", config=config)
         self.guests[vm_id] = guest
+        if guest is not None:
+            guest.on_power_off = lambda: self._powered_off(vm)
 
     def vm_changed(self, vm_id: int, changes: dict) -> None:
         """The Proxmox provider's update of a running VM without a reboot: the changed keys, one PUT."""
@@ -77,36 +79,28 @@ class ProxmoxStandIn(FakePve):
         with self._events_lock:
             self.power_events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
 
-    async def _do_reboot(self, vm, user, p):
-        # fakepve's reboot (a shutdown, then the pending config applied and the VM running again) with
-        # the guest going down at the power-off and answering once it has booted.
-        self._need_running(vm)
-        self._check_lock(vm)
+    def _powered_off(self, vm) -> None:
+        vm.status = vm.qmpstatus = "stopped"
+        self._power_event(vm, "off")
+
+    async def _do_start(self, vm, user, p):
+        # fakepve's start (pending config applied, the VM running), then the guest boots
+        upid = await super()._do_start(vm, user, p)
         guest = self.guests.get(vm.vmid)
-
-        async def body():
-            if guest is not None:
-                guest.go_down()
-                guest.reboots += 1
-            self._power_event(vm, "off")
-            await self._powerdown(vm, p)
-            vm.apply_pending()
-            vm.status = vm.qmpstatus = "running"
-            vm.started_at = time.time()
-            if guest is not None:
-                boot = threading.Timer(self.boot_seconds, self._boot, args=(vm, guest))
-                boot.daemon = True
-                boot.start()
-
-        return await self.task(vm.node, "qmreboot", vm.vmid, user, body, vm=vm)
+        if guest is not None and vm.status == "running":
+            boot = threading.Timer(self.boot_seconds, self._boot, args=(vm, guest))
+            boot.daemon = True
+            boot.start()
+        return upid
 
     def _boot(self, vm, guest: FakeTalosNode) -> None:
+        guest.reboots += 1
         guest.come_up()
         self._power_event(vm, "up")
 
-    def reboot_requests(self) -> list[str]:
-        """The paths of the reboots asked for, in order."""
-        return [path for method, path, _body in self.requests if method == "POST" and path.endswith("/status/reboot")]
+    def start_requests(self) -> list[str]:
+        """The paths of the starts asked for, in order."""
+        return [path for method, path, _body in self.requests if method == "POST" and path.endswith("/status/start")]
 
     def most_down_at_once(self, names) -> int:
         """The most of the VMs named `names` powered off (or booting) at the same moment."""

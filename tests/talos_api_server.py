@@ -178,6 +178,8 @@ class FakeTalosNode:
         self.auto_needs_reboot = False
         self.etcd_snapshot_data = b"etcd-snapshot:" + hostname.encode() + b":" + bytes(range(256)) * 10
         self.reboots = 0
+        # Called once the node has powered itself off (Shutdown), e.g. by the VM it runs in.
+        self.on_power_off: Callable[[], None] | None = None
         self.unmet_conditions: list[dict] = []
         self.calls: list[RecordedCall] = []
         # Other nodes of a stand-in cluster by address: a `node` call naming one is answered by it, as
@@ -532,6 +534,14 @@ class FakeTalosNode:
 
     def _rpc_ServiceList(self, request, context):
         return machine_pb2.ServiceListResponse(messages=[machine_pb2.ServiceList(services=self.services)])
+
+    def _rpc_Shutdown(self, request, context):
+        def power_off():
+            self.go_down()
+            if self.on_power_off is not None:
+                self.on_power_off()
+        threading.Timer(0.05, power_off).start()  # after the reply, as machined does
+        return machine_pb2.ShutdownResponse(messages=[machine_pb2.Shutdown(actor_id="stand-in")])
 
     def _rpc_Reset(self, request, context):
         self.reset_requested = True

@@ -7,7 +7,8 @@ worker) and the Image Factory stand-in. The ups, in order, each after its previe
   kubernetes  cluster.kubernetesVersion 1.36.3: the new configuration reaches one node at a time,
               control planes first, each healthy again before the next;
   hardware    every node from 2 to 4 cores and 4096 to 6144 MiB: the VMs take it as pending config,
-              then each is rebooted through the Proxmox API in roll order, healthy before the next;
+              then in roll order each node is shut down through Talos (drained) and its VM started
+              through the Proxmox API, healthy before the next;
   failed      Talos v1.13.8 while e2e-cp-2 fails its health check after its Upgrade: the up fails
               naming it, later nodes are not upgraded, e2e-cp-1 stays upgraded in the state;
   resumed     the same up once e2e-cp-2 is well again: it continues at e2e-cp-2, not at e2e-cp-1;
@@ -177,18 +178,20 @@ def test_hardware_change_updates_each_vm_and_lifecycle_and_no_talos_config(ups):
     for name in ROLL_ORDER:
         assert up.monitor.state_named(name).inputs["cpu"]["cores"] == 4, name
         assert up.monitor.state_named(f"lifecycle-{name}").outputs["vm"]["memory_mib"] == 6144, name
-        # Talos itself is only asked for its health: no apply, no upgrade, no reboot through its API
-        assert {c.rpc for c in up.new_calls(ups["kubernetes"], name)} <= {"ServiceList", "EtcdMemberList", "Get",
-                                                                         "Version"}, name
+        # Talos is asked for its health and to shut down (drained), nothing else: no apply, no upgrade
+        calls = up.new_calls(ups["kubernetes"], name)
+        assert {c.rpc for c in calls} <= {"ServiceList", "EtcdMemberList", "Get", "Version", "Shutdown"}, name
+        [shutdown] = rpcs(calls, "Shutdown")
+        assert (shutdown.request.force, shutdown.roles) == (False, ("os:admin",)), name
 
 
-def test_hardware_change_reboots_each_vm_through_proxmox_in_roll_order(ups):
+def test_hardware_change_starts_each_vm_through_proxmox_in_roll_order(ups):
     pve = ups["pve"]
     vm = "/api2/json/nodes/pve/qemu/{}"
     puts = [(path, body) for method, path, body in pve.requests if method == "PUT"]
     # the provider's update of each running VM: the changed keys, kept pending
     assert sorted(puts) == sorted((vm.format(VM_IDS[name]) + "/config", b"cores=4&memory=6144") for name in ROLL_ORDER)
-    assert pve.reboot_requests() == [vm.format(VM_IDS[name]) + "/status/reboot" for name in ROLL_ORDER]
+    assert pve.start_requests() == [vm.format(VM_IDS[name]) + "/status/start" for name in ROLL_ORDER]
     for name in ROLL_ORDER:
         config = pve.vm(VM_IDS[name]).config
         assert (config["cores"], config["memory"]) == ("4", "6144"), name

@@ -1,6 +1,7 @@
 """A node's VM on day two: which changes are refused before anything changes, and how cores, memory
 or CPU type roll in through the Proxmox API (the PVE stand-in) with the node's health gating it."""
 
+import grpc
 import pytest
 
 from providers.node_lifecycle import NodeLifecycleProvider
@@ -8,6 +9,7 @@ from talos_proxmox.day_two import vm_hardware
 from talos_proxmox.day_two.rolling import RollError
 from talos_proxmox.proxmox_api import vms
 from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
 from tests.day_two import FAST, bundle, credentials, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
@@ -89,59 +91,82 @@ def test_a_vm_id_proxmox_picked_is_not_a_change():
 
 # --- the roll of one node, against the PVE and Talos stand-ins ------------------------------------
 
-def test_pending_hardware_comes_in_through_one_proxmox_reboot_between_two_health_checks(node, pve, credentials):
+def test_pending_hardware_comes_in_through_a_drained_shutdown_and_a_proxmox_start(node, pve, credentials):
     roll_node, fake = node
     pve.vm_changed(VM_ID, {"cores": 4, "memory": 8192})
     events, before = [], len(pve.requests)
-    _apply(credentials, roll_node, pve, {"cores": (2, 4), "memory_mib": (4096, 8192)}, events, timeout=600)
+    _apply(credentials, roll_node, pve, {"cores": (2, 4), "memory_mib": (4096, 8192)}, events)
 
     vm = f"/api2/json/nodes/{PVE_HOST}/qemu/{VM_ID}"
-    calls = pve.requests[before:]
-    assert [(method, path) for method, path, _ in calls[:2]] == [("GET", f"{vm}/pending"),
-                                                                ("POST", f"{vm}/status/reboot")]
-    assert calls[1][2] == b"timeout=300"  # time for Talos's own shutdown, not PVE's default of 180 s
-    task = calls[2][1]
-    assert calls[2][0] == "GET" and task.startswith(f"/api2/json/nodes/{PVE_HOST}/tasks/UPID:{PVE_HOST}:")
-    assert f":qmreboot:{VM_ID}:" in task and task.endswith("/status")
-    assert [(method, path) for method, path, _ in calls[3:]] == [("GET", f"{vm}/pending")]
+    calls = [(method, path) for method, path, _ in pve.requests[before:]]
+    assert calls[0] == ("GET", f"{vm}/pending")
+    # Talos was asked to shut down gracefully (it cordons and drains first), then PVE saw the VM stop
+    [shutdown] = fake.calls_for("Shutdown")
+    assert (shutdown.request.force, shutdown.roles) == (False, ("os:admin",))
+    polls = [c for c in calls[1:] if c == ("GET", f"{vm}/status/current")]
+    start = calls.index(("POST", f"{vm}/status/start"))
+    assert polls and calls[1:start] == polls
+    assert calls[start + 1][0] == "GET" and f":qmstart:{VM_ID}:" in calls[start + 1][1]
+    assert calls[start + 2:] == [("GET", f"{vm}/pending")]
     assert fake.reboots == 1 and [e.what for e in pve.power_events] == ["off", "up"]
     # fakepve keeps config values as the PUT sent them, as strings
     assert (pve.vm(VM_ID).config["cores"], pve.vm(VM_ID).config["memory"]) == ("4", "8192")
     assert pve.vm(VM_ID).pending == {}
-    assert events == ["healthy-before", "reboot-requested (cpu 2 -> 4, memory 4096 -> 8192; pending: cores, memory)",
-                      "vm-rebooted", "healthy"]
-    # The node was asked for its health before the reboot and after it came back.
+    assert events == ["healthy-before", "shutdown-requested (cpu 2 -> 4, memory 4096 -> 8192; pending: cores, memory)",
+                      "vm-stopped", "vm-started", "healthy"]
+    # The node was asked for its health before the shutdown and after it came back.
     service_lists = [c.at for c in fake.calls_for("ServiceList")]
     [off] = [e.at for e in pve.power_events if e.what == "off"]
-    assert min(service_lists) < off < max(service_lists)
+    assert min(service_lists) < shutdown.at < off < max(service_lists)
 
 
-def test_nothing_pending_means_proxmox_took_it_live_and_the_node_is_not_rebooted(node, pve, credentials):
+def test_nothing_pending_means_proxmox_took_it_live_and_the_node_is_not_touched(node, pve, credentials):
     roll_node, fake = node
     events = []
     _apply(credentials, roll_node, pve, {"cores": (2, 4)}, events)
-    assert pve.reboot_requests() == [] and fake.reboots == 0
+    assert pve.start_requests() == [] and fake.calls_for("Shutdown") == [] and fake.reboots == 0
     assert events == ["healthy-before", "hardware-applied-live (cpu 2 -> 4)"]
 
 
-def test_an_unhealthy_node_is_not_rebooted(node, pve, credentials):
+def test_an_unhealthy_node_is_not_shut_down(node, pve, credentials):
     roll_node, fake = node
     fake.services[1] = type(fake.services[1])(id="etcd", state="Running")  # etcd not healthy
     pve.vm_changed(VM_ID, {"cores": 4})
     with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): .*etcd"):
         _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=1.0)
-    assert pve.reboot_requests() == [] and pve.vm(VM_ID).pending == {"cores": "4"}
+    assert fake.calls_for("Shutdown") == [] and pve.vm(VM_ID).pending == {"cores": "4"}
 
 
-def test_a_failed_reboot_task_stops_the_roll_naming_the_node_and_what_pve_said(node, pve, credentials):
+def test_a_refused_shutdown_stops_the_roll_naming_the_node(node, pve, credentials):
     roll_node, fake = node
-    pve.vm(VM_ID).acpi = False  # the guest ignores the ACPI shutdown: PVE's task times out
+    fake.fail_next("Shutdown", grpc.StatusCode.PERMISSION_DENIED, "not authorized")
+    pve.vm_changed(VM_ID, {"cores": 4})
+    with pytest.raises(RollError) as failed:
+        _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [])
+    assert str(failed.value).startswith("node cp-1 (10.5.0.1): Talos refused to shut down to apply cpu 2 -> 4: ")
+    assert pve.start_requests() == [] and pve.vm(VM_ID).status == "running"
+
+
+def test_a_vm_that_never_powers_off_stops_the_roll_naming_the_node(node, pve, credentials):
+    roll_node, fake = node
+    fake.behaviours["Shutdown"] = lambda _node, _request, _context: machine_pb2.ShutdownResponse()
+    pve.vm_changed(VM_ID, {"cores": 4})
+    with pytest.raises(RollError) as failed:
+        _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=2.0)
+    assert str(failed.value).startswith("node cp-1 (10.5.0.1): power-cycling VM 9101 on pve1 to apply cpu 2 -> 4 "
+                                        "failed: VM 9101 on pve1 still running ")
+    assert pve.start_requests() == []
+
+
+def test_a_failed_start_stops_the_roll_naming_the_node_and_what_pve_said(node, pve, credentials):
+    roll_node, fake = node
+    pve.vm(VM_ID).start_error = "storage 'local-lvm' is not online"
     pve.vm_changed(VM_ID, {"memory": 8192})
     with pytest.raises(RollError) as failed:
         _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, [])
-    assert str(failed.value) == ("node cp-1 (10.5.0.1): rebooting VM 9101 on pve1 to apply memory 4096 -> 8192 "
-                                 "failed: task qmreboot of VM 9101 on pve1 ended with: "
-                                 "VM quit/powerdown failed - got timeout")
+    assert str(failed.value) == ("node cp-1 (10.5.0.1): power-cycling VM 9101 on pve1 to apply memory 4096 -> 8192 "
+                                 "failed: task qmstart of VM 9101 on pve1 ended with: "
+                                 "storage 'local-lvm' is not online")
 
 
 def test_a_node_that_does_not_come_back_stops_the_roll_naming_it(node, credentials):
@@ -149,8 +174,8 @@ def test_a_node_that_does_not_come_back_stops_the_roll_naming_it(node, credentia
     with serve_proxmox(boot_seconds=30) as pve:  # boots long after the roll's deadline
         pve.run_guest(VM_ID, "cp-1", fake, config={"cores": 2})
         pve.vm_changed(VM_ID, {"cores": 4})
-        with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): "):
-            _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=2.0)
+        with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): not healthy after"):
+            _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=3.0)
         assert [e.what for e in pve.power_events] == ["off"]
 
 
@@ -184,8 +209,8 @@ def test_the_provider_rolls_a_memory_change_with_the_stacks_proxmox_token(node, 
     assert outs["vm"]["memory_mib"] == 8192 and fake.reboots == 1
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("talos-proxmox: hardware")]
-    assert [line.split(": ", 2)[1] for line in lines] == ["hardware cp-1 (1 of 1)"] * 4
-    assert lines[1].startswith("talos-proxmox: hardware cp-1 (1 of 1): reboot-requested (memory 4096 -> 8192; "
+    assert [line.split(": ", 2)[1] for line in lines] == ["hardware cp-1 (1 of 1)"] * 5
+    assert lines[1].startswith("talos-proxmox: hardware cp-1 (1 of 1): shutdown-requested (memory 4096 -> 8192; "
                                "pending: memory) (")
     assert TOKEN_SECRET not in err
 

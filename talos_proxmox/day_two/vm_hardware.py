@@ -3,8 +3,8 @@
 The VM is created with `reboot_after_update: false`, so a change of cores, memory or CPU type on a
 running VM waits in Proxmox as pending config instead of rebooting every VM at once (three control
 planes rebooting together lose etcd quorum). The node's NodeLifecycle then brings the change in, one
-node at a time in roll order: healthy first, a Proxmox reboot (which applies pending config), healthy
-again. A change Proxmox would make by re-creating the VM, or one that loses data, is refused before
+node at a time in roll order: healthy first, a Talos shutdown (which cordons and drains the node, then
+powers it off), a Proxmox start (which applies pending config), healthy again. A change Proxmox would make by re-creating the VM, or one that loses data, is refused before
 anything changes, with the way to do it.
 
 `vm` is the NodeLifecycle's record of the VM as the stack says it (`vm_facts` in the component):
@@ -19,10 +19,12 @@ from typing import Any, Callable, Mapping, Optional
 
 from talos_proxmox.day_two import rolling
 from talos_proxmox.proxmox_api import vms
+from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.retry import Backoff
 
 HARDWARE = {"cores": "cpu", "memory_mib": "memory", "cpu_type": "proxmox.cpuType"}  # fact -> stack key
-REBOOT_SHUTDOWN_SECONDS = 300  # Talos stops its services before powering off; PVE's own default is 180
+POWER_OFF_SECONDS = 600  # Talos drains the node (pods have their grace periods) before it powers off
+START_SECONDS = 120
 
 
 def _facts(vm: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,13 +79,17 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
                    preflight_timeout: float = rolling.PREFLIGHT_TIMEOUT,
                    on_event: Optional[rolling.Event] = None, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.monotonic) -> None:
-    """Bring the VM's pending hardware in: node healthy, Proxmox reboot, node healthy again.
+    """Bring the VM's pending hardware in: node healthy, Talos shutdown, Proxmox start, node healthy again.
 
     `client` is the node's Talos client, `api` a Proxmox client (proxmoxer). With nothing pending
-    (Proxmox hot-plugged the change) the node is not rebooted. RollError names the node on failure.
+    (Proxmox hot-plugged the change) the node is not touched. RollError names the node on failure.
     """
     event = on_event or (lambda _what, _name: None)
     deadline = clock() + timeout
+
+    def left() -> float:
+        return max(deadline - clock(), 1.0)
+
     what = ", ".join(f"{HARDWARE[fact]} {before} -> {after}" for fact, (before, after) in changes.items())
     rolling.wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep,
                          clock=clock)
@@ -95,16 +101,21 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
     if not pending:
         event(f"hardware-applied-live ({what})", node.name)
         return
-    event(f"reboot-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
+    event(f"shutdown-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
     try:
-        vms.reboot(api, vm, timeout=min(REBOOT_SHUTDOWN_SECONDS, max(deadline - clock(), 1.0)), sleep=sleep,
-                   clock=clock)
+        client.shutdown(force=False, timeout=rolling.CALL_TIMEOUT)
+    except errors.TalosApiError as exc:
+        raise rolling.RollError(node, f"Talos refused to shut down to apply {what}: {exc}") from None
+    try:
+        vms.wait_stopped(api, vm, timeout=min(POWER_OFF_SECONDS, left()), sleep=sleep, clock=clock)
+        event("vm-stopped", node.name)
+        vms.start(api, vm, timeout=min(START_SECONDS, left()), sleep=sleep, clock=clock)
     except Exception as exc:  # noqa: BLE001 - the task's failure, named by node
-        raise rolling.RollError(node, f"rebooting {vm} to apply {what} failed: {exc}") from None
-    event("vm-rebooted", node.name)
+        raise rolling.RollError(node, f"power-cycling {vm} to apply {what} failed: {exc}") from None
+    event("vm-started", node.name)
     rolling.wait_healthy(client, node, timeout=max(deadline - clock(), 0.001), backoff=backoff, sleep=sleep,
                          clock=clock)
-    left = vms.pending_changes(api, vm)
-    if left:
-        raise rolling.RollError(node, f"{vm} rebooted but still has pending config: {', '.join(sorted(left))}")
+    remaining = vms.pending_changes(api, vm)
+    if remaining:
+        raise rolling.RollError(node, f"{vm} started but still has pending config: {', '.join(sorted(remaining))}")
     event("healthy", node.name)

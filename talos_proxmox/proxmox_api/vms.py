@@ -1,8 +1,9 @@
-"""One VM through the Proxmox API: what is pending in its config, and a reboot that applies it.
+"""One VM through the Proxmox API: what is pending in its config, its power state, and a start.
 
 A running VM takes most hardware changes (cores, memory, CPU type) as pending config; PVE applies
-them at the VM's next power cycle. `POST .../status/reboot` is that cycle: an ACPI shutdown, then a
-start, in one task whose end this waits for. A reboot from inside the guest would not apply them.
+them when the VM next starts (`POST .../status/start`), not when the guest reboots itself. So the
+guest is powered off first (day two asks Talos to shut down, which drains the node; PVE's own
+reboot is an ACPI power-off that Talos answers with a forced, undrained shutdown), then started.
 """
 
 from __future__ import annotations
@@ -58,8 +59,18 @@ def wait_task(api, host: str, upid: str, *, timeout: float, sleep: Callable[[flo
         sleep(TASK_POLL_SECONDS)
 
 
-def reboot(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
-           clock: Callable[[], float] = time.monotonic) -> None:
-    """Shut the VM down (ACPI, up to `timeout` seconds) and start it again, applying pending changes."""
-    upid = _qemu(api, vm).status.reboot.post(timeout=int(timeout))
-    wait_task(api, vm.host, upid, timeout=timeout + 60, sleep=sleep, clock=clock)
+def wait_stopped(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+    """Until PVE reports the VM stopped; ProxmoxTaskError if it still runs after `timeout` seconds."""
+    deadline = clock() + timeout
+    while _qemu(api, vm).status.current.get().get("status") != "stopped":
+        if clock() >= deadline:
+            raise ProxmoxTaskError(f"{vm} still running {timeout:g}s after its guest was asked to power off")
+        sleep(TASK_POLL_SECONDS)
+
+
+def start(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
+          clock: Callable[[], float] = time.monotonic) -> None:
+    """Start the stopped VM, which applies its pending config, and wait for the start task."""
+    upid = _qemu(api, vm).status.start.post()
+    wait_task(api, vm.host, upid, timeout=timeout, sleep=sleep, clock=clock)

@@ -362,6 +362,10 @@ class TalosClient:
         request = machine_pb2.RebootRequest(mode=_choice(mode, REBOOT_MODES, "mode"))
         return self._call("Reboot", request, timeout=timeout, node=node, nodes=nodes)
 
+    def shutdown(self, *, force: bool = False, timeout=None, node=None, nodes=None) -> machine_pb2.ShutdownResponse:
+        """Power the node off; without force Talos cordons and drains it first."""
+        return self._call("Shutdown", machine_pb2.ShutdownRequest(force=force), timeout=timeout, node=node, nodes=nodes)
+
     def reset(
         self,
         *,

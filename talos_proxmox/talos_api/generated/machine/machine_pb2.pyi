@@ -147,6 +147,26 @@ class ResetResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[Reset]
     def __init__(self, messages: _Optional[_Iterable[_Union[Reset, _Mapping]]] = ...) -> None: ...
 
+class ShutdownRequest(_message.Message):
+    __slots__ = ("force",)
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    def __init__(self, force: _Optional[bool] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("metadata", "actor_id")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    metadata: _common_pb2.Metadata
+    actor_id: str
+    def __init__(self, metadata: _Optional[_Union[_common_pb2.Metadata, _Mapping]] = ..., actor_id: _Optional[str] = ...) -> None: ...
+
+class ShutdownResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[Shutdown]
+    def __init__(self, messages: _Optional[_Iterable[_Union[Shutdown, _Mapping]]] = ...) -> None: ...
+
 class UpgradeRequest(_message.Message):
     __slots__ = ("image", "preserve", "stage", "force", "reboot_mode")
     class RebootMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):

@@ -86,6 +86,11 @@ class MachineServiceStub:
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
                 response_deserializer=machine_dot_machine__pb2.ServiceListResponse.FromString,
                 _registered_method=True)
+        self.Shutdown = channel.unary_unary(
+                '/machine.MachineService/Shutdown',
+                request_serializer=machine_dot_machine__pb2.ShutdownRequest.SerializeToString,
+                response_deserializer=machine_dot_machine__pb2.ShutdownResponse.FromString,
+                _registered_method=True)
         self.Upgrade = channel.unary_unary(
                 '/machine.MachineService/Upgrade',
                 request_serializer=machine_dot_machine__pb2.UpgradeRequest.SerializeToString,
@@ -161,6 +166,12 @@ class MachineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Shutdown(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Upgrade(self, request, context):
         """Talos marks this RPC deprecated in favour of LifecycleService.Upgrade
         (removal planned for v1.18); it is still served by current releases.
@@ -227,6 +238,11 @@ def add_MachineServiceServicer_to_server(servicer, server):
                     servicer.ServiceList,
                     request_deserializer=google_dot_protobuf_dot_empty__pb2.Empty.FromString,
                     response_serializer=machine_dot_machine__pb2.ServiceListResponse.SerializeToString,
+            ),
+            'Shutdown': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shutdown,
+                    request_deserializer=machine_dot_machine__pb2.ShutdownRequest.FromString,
+                    response_serializer=machine_dot_machine__pb2.ShutdownResponse.SerializeToString,
             ),
             'Upgrade': grpc.unary_unary_rpc_method_handler(
                     servicer.Upgrade,
@@ -509,6 +525,33 @@ class MachineService:
             '/machine.MachineService/ServiceList',
             google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
             machine_dot_machine__pb2.ServiceListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shutdown(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/machine.MachineService/Shutdown',
+            machine_dot_machine__pb2.ShutdownRequest.SerializeToString,
+            machine_dot_machine__pb2.ShutdownResponse.FromString,
             options,
             channel_credentials,
             insecure,
