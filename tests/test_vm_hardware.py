@@ -234,3 +234,35 @@ def test_without_proxmox_credentials_the_roll_stops_before_the_node_is_touched(n
                                  "API: proxmoxve:endpoint is not set (nor PROXMOX_VE_ENDPOINT): expected the Proxmox "
                                  "API's URL, e.g. https://pve.lab.local:8006/")
     assert fake.reboots == 0
+
+
+def test_a_long_power_off_prints_a_line_while_it_lasts():
+    """Polled on an injected clock: one line per `every` seconds of waiting, then done once stopped."""
+    statuses = iter(["running"] * 7 + ["stopped"])
+
+    class Api:  # the one call wait_stopped makes: GET nodes/{host}/qemu/{id}/status/current
+        def nodes(self, _host):
+            return self
+
+        def qemu(self, _vm_id):
+            return self
+
+        @property
+        def status(self):
+            return self
+
+        @property
+        def current(self):
+            return self
+
+        def get(self):
+            return {"status": next(statuses)}
+
+    now, lines = [0.0], []
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    vms.wait_stopped(Api(), vms.VmRef(PVE_HOST, VM_ID), timeout=60, sleep=sleep, clock=lambda: now[0],
+                     still_running=lambda: lines.append(now[0]), every=3)
+    assert lines == [3.0, 6.0]

@@ -107,7 +107,8 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
     except errors.TalosApiError as exc:
         raise rolling.RollError(node, f"Talos refused to shut down to apply {what}: {exc}") from None
     try:
-        vms.wait_stopped(api, vm, timeout=min(POWER_OFF_SECONDS, left()), sleep=sleep, clock=clock)
+        vms.wait_stopped(api, vm, timeout=min(POWER_OFF_SECONDS, left()), sleep=sleep, clock=clock,
+                         still_running=lambda: event("draining (the VM is still running)", node.name))
         event("vm-stopped", node.name)
         vms.start(api, vm, timeout=min(START_SECONDS, left()), sleep=sleep, clock=clock)
     except Exception as exc:  # noqa: BLE001 - the task's failure, named by node

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 TASK_POLL_SECONDS = 1.0
+STILL_RUNNING_EVERY = 30.0
 
 
 class ProxmoxTaskError(RuntimeError):
@@ -60,12 +61,19 @@ def wait_task(api, host: str, upid: str, *, timeout: float, sleep: Callable[[flo
 
 
 def wait_stopped(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-    """Until PVE reports the VM stopped; ProxmoxTaskError if it still runs after `timeout` seconds."""
+                 clock: Callable[[], float] = time.monotonic,
+                 still_running: Optional[Callable[[], None]] = None, every: float = STILL_RUNNING_EVERY) -> None:
+    """Until PVE reports the VM stopped; ProxmoxTaskError if it still runs after `timeout` seconds.
+    `still_running()` is called every `every` seconds of waiting (a drain can take minutes)."""
     deadline = clock() + timeout
+    next_report = clock() + every
     while _qemu(api, vm).status.current.get().get("status") != "stopped":
-        if clock() >= deadline:
+        now = clock()
+        if now >= deadline:
             raise ProxmoxTaskError(f"{vm} still running {timeout:g}s after its guest was asked to power off")
+        if still_running is not None and now >= next_report:
+            still_running()
+            next_report = now + every
         sleep(TASK_POLL_SECONDS)
 
 
