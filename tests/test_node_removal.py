@@ -253,3 +253,16 @@ def test_waits_go_through_the_given_clock_and_sleep(cluster, credentials):
     clock = FakeClock()
     steps = _remove(nodes, credentials, "worker-1", reach_timeout=0.5, sleep=clock.sleep, clock=clock)
     assert steps == ["reset-skipped-unreachable"] and clock.slept_as(FAST, within=0.5)
+
+
+def test_a_peer_that_is_already_gone_is_not_waited_on_first(cluster, credentials):
+    """The state's peers may still list a control plane removed since: the ones that answer go first."""
+    nodes, fakes = cluster
+    fakes["cp-3"].go_down()  # gone, but listed first
+    fakes["cp-2"].go_down()  # the node being removed
+    started = time.monotonic()
+    steps = remove_node(nodes["cp-2"], _client_for(credentials), [nodes["cp-3"], nodes["cp-1"]], timeout=5,
+                        reach_timeout=5, backoff=FAST)
+    assert steps == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
+    # 5 s of trying cp-2 itself, and not 5 more of trying cp-3 for its member list first
+    assert time.monotonic() - started < 8

@@ -15,6 +15,7 @@ No Pulumi here; the steps taken are returned as short strings, for the resource'
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import fcntl
 import os
@@ -35,6 +36,7 @@ from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
 
 REACH_TIMEOUT = 60.0  # how long an unanswering node is given before it counts as gone
+PROBE_TIMEOUT = 5.0  # a first quick look at which peers answer, so a gone one is not waited on first
 
 
 LOCK_DIR = Path(tempfile.gettempdir()) / "talos-proxmox-etcd-locks"
@@ -70,12 +72,31 @@ def _members(reply):
     return list(reply.messages[0].members) if reply.messages else []
 
 
+def answering_first(peers: Sequence[RollNode], client_for: Callable[[RollNode], TalosClient],
+                    probe_timeout: float = PROBE_TIMEOUT) -> list[RollNode]:
+    """`peers` with those that answer Version within `probe_timeout` first, each group in its order. A
+    removal's peers come from the state, which may still list a control plane removed since."""
+
+    def answers(peer: RollNode) -> bool:
+        try:
+            with client_for(peer) as client:
+                client.version(timeout=probe_timeout)
+            return True
+        except errors.TalosApiError:
+            return False
+
+    if len(peers) < 2:
+        return list(peers)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(peers), thread_name_prefix="peer-probe") as pool:
+        answering = list(pool.map(answers, peers))
+    return [p for p, ok in zip(peers, answering) if ok] + [p for p, ok in zip(peers, answering) if not ok]
+
+
 def _remove_via_peer(node: RollNode, peers: Sequence[RollNode], client_for: Callable[[RollNode], TalosClient], *,
                      reach_timeout: float, backoff: Backoff, sleep, clock) -> str:
     tried = []
-    for peer in peers:
-        if peer.address == node.address:
-            continue
+    others = [peer for peer in peers if peer.address != node.address]
+    for peer in answering_first(others, client_for, min(PROBE_TIMEOUT, reach_timeout)):
         try:
             with client_for(peer) as client:
                 members = _members(_retrying(lambda t: client.etcd_member_list(timeout=t), timeout=reach_timeout,
