@@ -4,9 +4,9 @@ pending config) with each VM tied to the stand-in Talos node that runs in it.
 What this adds to fakepve is the guest: when the VM's FakeTalosNode powers itself off (a Talos
 Shutdown), PVE sees the VM stopped; a Proxmox start (`POST .../status/start`) brings the node up
 `boot_seconds` later, as Talos boots. Every power event is kept in time order in `power_events`, so a
-test can tell how many nodes were down at once. `vm_changed` does what the Proxmox provider does to a running VM whose
-cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the VM's config, which
-PVE keeps as pending until the next power cycle.
+test can tell how many nodes were down at once. `vm_changed` does what the Proxmox provider does to a
+running VM whose cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the
+VM's config, which PVE keeps as pending until the VM next starts.
 """
 
 from __future__ import annotations
