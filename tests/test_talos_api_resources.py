@@ -4,6 +4,7 @@ and the resources registered under Pulumi mocks (secret inputs, secret kubeconfi
 import functools
 import hashlib
 import threading
+import time
 
 import grpc
 import pytest
@@ -13,6 +14,7 @@ from talos_proxmox.talos_api import operations
 from providers import talos_operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 from talos_proxmox.talos_api.retry import Backoff, GaveUp
+from tests.day_two import FAST, FakeClock
 from tests.mocked_program import run_program, stack_config
 from tests.talos_api_server import FakeTalosNode, configured_node, maintenance_node, shared_bundle  # noqa: F401
 
@@ -379,3 +381,46 @@ def test_bootstrap_and_kubeconfig_wait_through_a_reboot(configured_node):
     assert operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint,
                                        timeout=10) == KUBECONFIG
     assert len(configured_node.calls_for("Kubeconfig")) == 2
+
+
+def test_a_hung_kubeconfig_call_is_bounded_by_the_timeout_and_named(configured_node):
+    configured_node.delays["Kubeconfig"] = 10.0
+    started = time.monotonic()
+    with pytest.raises(GaveUp) as gave_up:
+        operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint, timeout=1.0)
+    assert str(gave_up.value).startswith("kubeconfig from 127.0.0.1: gave up after 1s")
+    assert time.monotonic() - started < 5
+
+
+def test_kubeconfig_asks_the_node_by_name_and_waits_for_a_node_not_ready_yet(configured_node):
+    configured_node.kubeconfig_yaml = KUBECONFIG
+    configured_node.fail_next("Kubeconfig", grpc.StatusCode.FAILED_PRECONDITION, "time is not in sync yet")
+    configured_node.fail_next("Kubeconfig", grpc.StatusCode.UNIMPLEMENTED, "machine type is not set", times=1)
+    assert operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint,
+                                       timeout=10) == KUBECONFIG
+    calls = configured_node.calls_for("Kubeconfig")
+    assert len(calls) >= 2 and all(c.metadata.get("node") == ["127.0.0.1"] for c in calls)
+
+
+def test_any_other_unimplemented_answer_is_not_waited_on(configured_node):
+    configured_node.fail_next("Kubeconfig", grpc.StatusCode.UNIMPLEMENTED, "no such method", times=5)
+    with pytest.raises(operations.errors.TalosApiError, match="no such method"):
+        operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint, timeout=10)
+    assert len(configured_node.calls_for("Kubeconfig")) == 1
+    assert operations._not_ready_yet(ValueError("not an API error")) is False
+
+
+def test_kubeconfig_waits_go_through_the_given_clock_and_sleep(configured_node):
+    configured_node.go_down()
+    clock = FakeClock()
+    with pytest.raises(GaveUp):
+        operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint, timeout=1.0,
+                                    backoff=FAST, sleep=clock.sleep, clock=clock)
+    assert clock.slept_as(FAST, within=1.0)
+
+
+def test_the_credentials_hash_keeps_the_form_earlier_states_stored():
+    """Kubeconfig states store this hash; a new form would refetch every cluster's kubeconfig once."""
+    credentials = operations.read_talosconfig(_talosconfig()).credentials
+    expected = hashlib.sha256(credentials.ca_pem + b"\0" + credentials.cert_pem + b"\0" + credentials.key_pem)
+    assert operations.credentials_sha256(_talosconfig()) == expected.hexdigest()
