@@ -90,6 +90,7 @@ class ClusterAddons(pulumi.ComponentResource):
         if settings.cilium.enabled:
             self.cilium_values = cilium_values(settings)
             # Not atomic on the first install: a failed one would be uninstalled with the cluster's network.
+            # Without a kubeconfig the cluster cannot be asked, so upgrades stay non-atomic (never uninstalled).
             self.cilium_atomic = AtomicUpgrades(
                 "cilium-atomic", kubeconfig=kubeconfig if kubeconfig is not None else "", namespace=NAMESPACE,
                 release=CILIUM_RELEASE,

@@ -13,7 +13,7 @@ from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config import secrets_bundle
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests import seed_cluster as seed
-from tests.day_two import FAST, bundle, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.day_two import bundle, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
 
 OLD, NEW = "v1.12.6", "v1.13.7"
 
