@@ -3,7 +3,7 @@
 
     scripts/upstream-talos-descriptors.py <siderolabs/talos checkout> v1.13.7
 
-Compiles api/common/common.proto and api/machine/machine.proto of that tag with grpcio-tools into a
+Compiles api/common/common.proto and api/machine/{machine,image,lifecycle}.proto of that tag with grpcio-tools into a
 FileDescriptorSet without source info (names, numbers, types, labels, streaming: no comments) at
 tests/data/talos-api/<tag>.pb, which tests/test_talos_api_descriptors.py compares ours against.
 """
@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = ("common/common.proto", "machine/machine.proto")
+FILES = ("common/common.proto", "machine/machine.proto", "machine/image.proto", "machine/lifecycle.proto")
 
 
 def main(checkout: str, tag: str) -> None:

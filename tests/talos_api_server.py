@@ -1,4 +1,5 @@
-"""A stand-in Talos node for tests and benchmarks: machine.MachineService on a loopback address over real TLS.
+"""A stand-in Talos node for tests and benchmarks: machine.MachineService (and the 1.13 upgrade API,
+ImageService.Pull and LifecycleService.Upgrade) on a loopback address over real TLS.
 
 Shape of the far side it stands in for:
   - maintenance mode: TLS with an Ed25519 certificate from a CA made at "boot", no client
@@ -55,10 +56,13 @@ from talos_proxmox.talos_api import tls_bridge
 from talos_proxmox.talos_api.client import ClientCredentials
 from talos_proxmox.talos_api.generated.common import common_pb2
 from talos_proxmox.talos_api.generated.cosi import resource_pb2
-from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api.generated.machine import image_pb2, lifecycle_pb2, machine_pb2
 
 SERVICE = machine_pb2.DESCRIPTOR.services_by_name["MachineService"]
 STATE_SERVICE = resource_pb2.DESCRIPTOR.services_by_name["State"]
+# Recorded as "<Service>/<Rpc>" (LifecycleService/Upgrade is not MachineService's Upgrade).
+QUALIFIED_SERVICES = (image_pb2.DESCRIPTOR.services_by_name["ImageService"],
+                      lifecycle_pb2.DESCRIPTOR.services_by_name["LifecycleService"])
 MAINTENANCE_RPCS = {"ApplyConfiguration", "Version"}
 READER_RPCS = {"Version", "ServiceList", "EtcdMemberList", "Get"}
 Mode = machine_pb2.ApplyConfigurationRequest
@@ -137,6 +141,10 @@ def client_credentials(bundle: dict, role: str = "os:admin") -> ClientCredential
     return ClientCredentials(ca_pem=secrets_bundle.ca_pair(bundle, "os")[0], cert_pem=cert, key_pem=key)
 
 
+def _handler_name(rpc: str) -> str:
+    return "_rpc_" + rpc.replace("/", "_")
+
+
 class _PeerDown(Exception):
     """The proxied-to node is down: apid answers UNAVAILABLE for it."""
 
@@ -178,6 +186,11 @@ class FakeTalosNode:
         self.auto_needs_reboot = False
         self.etcd_snapshot_data = b"etcd-snapshot:" + hostname.encode() + b":" + bytes(range(256)) * 10
         self.reboots = 0
+        # The 1.13 upgrade API: images pulled, the version the installer put on disk (booted at the next
+        # reboot), and what the installer exits with.
+        self.pulled_images: list[str] = []
+        self.installed_tag: str | None = None
+        self.installer_exit_code = 0
         # Called once the node has powered itself off (Shutdown), e.g. by the VM it runs in.
         self.on_power_off: Callable[[], None] | None = None
         self.unmet_conditions: list[dict] = []
@@ -186,6 +199,8 @@ class FakeTalosNode:
         # apid proxies it (tests.day_two.stand_in_cluster fills this).
         self.peers: dict[str, "FakeTalosNode"] = {}
         self.delays: dict[str, float] = {}
+        # Set by stop: a delayed call ends with it, so a hung call does not outlive its test.
+        self._stopped = threading.Event()
         self.behaviours: dict[str, Callable] = {}
         self._failures: dict[str, list[tuple[grpc.StatusCode, str]]] = {}
         self._lock = threading.Lock()
@@ -303,6 +318,7 @@ class FakeTalosNode:
         threading.Thread(target=cycle, daemon=True).start()
 
     def stop(self) -> None:
+        self._stopped.set()
         self.go_down()
         self._backend.stop(0)
 
@@ -355,16 +371,17 @@ class FakeTalosNode:
 
     def _handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
         generic = []
-        for service in (SERVICE, STATE_SERVICE):
+        for service in (SERVICE, STATE_SERVICE, *QUALIFIED_SERVICES):
             handlers = {}
             for method in service.methods:
+                rpc = f"{service.name}/{method.name}" if service in QUALIFIED_SERVICES else method.name
                 request_class = message_factory.GetMessageClass(method.input_type)
                 serve = self._serve_unary if not method.server_streaming else self._serve_stream
                 handler = (grpc.unary_stream_rpc_method_handler if method.server_streaming
                            else grpc.unary_unary_rpc_method_handler)
                 # request_deserializer=None hands us the raw request bytes, which tests inspect.
                 handlers[method.name] = handler(
-                    self._bind(serve, method.name, request_class),
+                    self._bind(serve, rpc, request_class),
                     request_deserializer=None,
                     response_serializer=_serialize,
                 )
@@ -384,7 +401,7 @@ class FakeTalosNode:
         roles = self._roles_by_port.get(port, ())
         self.calls.append(RecordedCall(rpc, raw, request, metadata, roles, self.mode))
         if self.delays.get(rpc):
-            time.sleep(self.delays[rpc])
+            self._stopped.wait(self.delays[rpc])
         with self._lock:
             queued = self._failures.get(rpc)
             failure = queued.pop(0) if queued else None
@@ -415,7 +432,7 @@ class FakeTalosNode:
             node = self._answering(metadata)
         except _PeerDown as down:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"error proxying to {down}: connection refused")
-        behaviour = node.behaviours.get(rpc) or getattr(node, f"_rpc_{rpc}")
+        behaviour = node.behaviours.get(rpc) or getattr(node, _handler_name(rpc))
         reply = behaviour(node, request, context) if rpc in node.behaviours else behaviour(request, context)
         if isinstance(reply, bytes):  # a behaviour may answer with hand-encoded bytes
             return reply
@@ -432,7 +449,7 @@ class FakeTalosNode:
 
     def _serve_stream(self, rpc, request_class, raw, context):
         request, metadata = self._prepare(rpc, request_class, raw, context)
-        behaviour = self.behaviours.get(rpc) or getattr(self, f"_rpc_{rpc}")
+        behaviour = self.behaviours.get(rpc) or getattr(self, _handler_name(rpc))
         chunks = behaviour(self, request, context) if rpc in self.behaviours else behaviour(request, context)
         target = self._targets(metadata)[0]
         for chunk in chunks:
@@ -500,6 +517,9 @@ class FakeTalosNode:
                 self.config, self.staged_config = self.staged_config, None
         apply_staged()
         self.reboot(self.install_downtime)
+        if self.installed_tag is not None:
+            self._boot_into(self.installed_tag)
+            self.installed_tag = None
         return machine_pb2.RebootResponse(messages=[machine_pb2.Reboot(actor_id="stand-in")])
 
     def _rpc_Bootstrap(self, request, context):
@@ -551,12 +571,44 @@ class FakeTalosNode:
             threading.Timer(0.05, self.go_down).start()
         return machine_pb2.ResetResponse(messages=[machine_pb2.Reset(actor_id="stand-in")])
 
-    def _rpc_Upgrade(self, request, context):
-        tag = request.image.rsplit(":", 1)[-1] if ":" in request.image else self.version_tag
-
+    def _boot_into(self, tag: str) -> None:
+        """The version the node reports once it has gone down for the reboot under way."""
         def upgraded():
             self.version_tag = tag
-        self.reboot(self.install_downtime)
         threading.Timer(0.05, upgraded).start()
+
+    @staticmethod
+    def _image_tag(image: str, default: str) -> str:
+        return image.rsplit(":", 1)[-1] if ":" in image else default
+
+    def _rpc_Upgrade(self, request, context):
+        self.reboot(self.install_downtime)
+        self._boot_into(self._image_tag(request.image, self.version_tag))
         return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received",
                                                                          actor_id="stand-in")])
+
+    def _rpc_ImageService_Pull(self, request, context):
+        """Layer progress, then the pulled image's name, as containerd names it."""
+        yield image_pb2.ImageServicePullResponse(pull_progress=image_pb2.ImageServicePullProgress(
+            layer_id="sha256:0001", progress=image_pb2.ImageServicePullLayerProgress(status=1, offset=10, total=10)))
+        self.pulled_images.append(request.image_ref)
+        yield image_pb2.ImageServicePullResponse(name=request.image_ref)
+
+    def _rpc_LifecycleService_Upgrade(self, request, context):
+        """The installer's output lines, then its exit code; the node runs on until it reboots."""
+        image = request.source.image_name
+        if not image:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "installer image name is required")
+        if image not in self.pulled_images:
+            context.abort(grpc.StatusCode.INTERNAL, f"upgrade failed: image {image!r} not found")
+
+        def progress(**kind):
+            return lifecycle_pb2.LifecycleServiceUpgradeResponse(
+                progress=lifecycle_pb2.LifecycleServiceInstallProgress(**kind))
+        yield progress(message=f"installing {image}")
+        if self.installer_exit_code == 0:
+            self.installed_tag = self._image_tag(image, self.version_tag)
+            yield progress(message="upgrade completed")
+        else:
+            yield progress(message="failed to write the boot partition")
+        yield progress(exit_code=self.installer_exit_code)

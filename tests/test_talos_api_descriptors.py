@@ -1,6 +1,6 @@
 """Our .proto files against Talos's published ones for the pinned release, descriptor by descriptor.
 
-tests/data/talos-api/<tag>.pb is Talos's api/common and api/machine compiled at that tag
+tests/data/talos-api/<tag>.pb is Talos's api/common and api/machine (machine, image, lifecycle) compiled at that tag
 (scripts/upstream-talos-descriptors.py). Every message, field, enum value, service and method we
 define must exist there with the same name, number, type, label and streaming: we may leave out what
 we do not call, never differ in what we keep.
@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2
 
 from talos_proxmox.settings.stack import DEFAULT_TALOS_VERSION
 from talos_proxmox.talos_api.generated.common import common_pb2
-from talos_proxmox.talos_api.generated.machine import machine_pb2
+from talos_proxmox.talos_api.generated.machine import image_pb2, lifecycle_pb2, machine_pb2
 
 UPSTREAM = Path(__file__).resolve().parent / "data" / "talos-api" / f"{DEFAULT_TALOS_VERSION}.pb"
 
@@ -72,13 +72,14 @@ def _shape(item) -> tuple:
     return (type(item).__name__,)
 
 
-OURS = _index(_file_protos([common_pb2, machine_pb2]))
+OURS = _index(_file_protos([common_pb2, machine_pb2, image_pb2, lifecycle_pb2]))
 THEIRS = _index(descriptor_pb2.FileDescriptorSet.FromString(UPSTREAM.read_bytes()).file)
 
 
 def test_the_upstream_descriptors_are_talos_api_of_the_pinned_release():
-    assert {"machine.MachineService/Upgrade", "machine.MachineService/Version", "common.Metadata#hostname"} <= set(THEIRS)
-    assert len(THEIRS) > 5 * len(OURS) > 500  # the whole API, of which we keep a subset
+    assert {"machine.MachineService/Upgrade", "machine.MachineService/Version", "common.Metadata#hostname",
+            "machine.LifecycleService/Upgrade", "machine.ImageService/Pull"} <= set(THEIRS)
+    assert len(THEIRS) > 4 * len(OURS) > 500  # the whole API, of which we keep a subset
 
 
 @pytest.mark.parametrize("name", sorted(OURS))

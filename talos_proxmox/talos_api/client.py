@@ -30,8 +30,10 @@ from google.protobuf import empty_pb2
 from talos_proxmox.talos_config import pki
 
 from . import errors, tls_bridge
+from .generated.common import common_pb2
 from .generated.cosi import resource_pb2, resource_pb2_grpc
-from .generated.machine import machine_pb2, machine_pb2_grpc
+from .generated.machine import (image_pb2, image_pb2_grpc, lifecycle_pb2, lifecycle_pb2_grpc, machine_pb2,
+                                machine_pb2_grpc)
 
 TALOS_API_PORT = 50000
 
@@ -49,6 +51,8 @@ UPGRADE_REBOOT_MODES = {"default": machine_pb2.UpgradeRequest.DEFAULT,
 WIPE_MODES = {"all": machine_pb2.ResetRequest.ALL, "system-disk": machine_pb2.ResetRequest.SYSTEM_DISK,
               "user-disks": machine_pb2.ResetRequest.USER_DISKS}
 
+# Where `talosctl upgrade` pulls the installer by default (--namespace system).
+INSTALLER_CONTAINERD = common_pb2.ContainerdInstance(driver=common_pb2.CRI, namespace=common_pb2.NS_SYSTEM)
 # Kubeconfig and other streams can exceed grpcio's 4 MiB default receive limit.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
@@ -139,8 +143,12 @@ class _Connection:
         self.bridge = tls_bridge.TlsBridge(host, port, context, connect_timeout=connect_timeout)
         options = _CHANNEL_OPTIONS + [("grpc.default_authority", self.endpoint)]
         self.channel = grpc.insecure_channel(self.bridge.address, options=options)
-        self.stub = machine_pb2_grpc.MachineServiceStub(self.channel)
-        self.state = resource_pb2_grpc.StateStub(self.channel)  # COSI resources, as `talosctl get` reads them
+        self.stubs = {
+            "machine": machine_pb2_grpc.MachineServiceStub(self.channel),
+            "resources": resource_pb2_grpc.StateStub(self.channel),  # COSI resources, as `talosctl get` reads them
+            "images": image_pb2_grpc.ImageServiceStub(self.channel),
+            "lifecycle": lifecycle_pb2_grpc.LifecycleServiceStub(self.channel),
+        }
 
     def close(self) -> None:
         self.channel.close()
@@ -242,7 +250,7 @@ class TalosClient:
             return [("node", node)]
         return [("nodes", n) for n in nodes or ()]
 
-    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False, resources: bool = False):
+    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False, service: str = "machine"):
         metadata = self._metadata(node, nodes)
         timeout = self.timeout if timeout is None else timeout
         start = self._current
@@ -250,7 +258,7 @@ class TalosClient:
         for step in range(len(self.endpoints)):
             index = (start + step) % len(self.endpoints)
             connection = self._connection(index)
-            method = getattr(connection.state if resources else connection.stub, rpc)
+            method = getattr(connection.stubs[service], rpc)
             try:
                 if stream:
                     reply = list(method(request, timeout=timeout, metadata=metadata))
@@ -266,8 +274,8 @@ class TalosClient:
                     continue
                 raise error from None
             self._current = index
-            # COSI replies carry no per-node metadata: a failure is the call's own status.
-            messages = [] if resources else reply if stream else reply.messages
+            # Only MachineService replies carry per-node metadata; elsewhere a failure is the call's status.
+            messages = [] if service != "machine" else reply if stream else reply.messages
             failed = errors.node_errors(connection.endpoint, rpc, messages)
             if failed is not None:
                 raise failed
@@ -284,7 +292,7 @@ class TalosClient:
                      node=None) -> resource_pb2.Resource:
         """One COSI resource of one node (`talosctl get <type> <id>`); NOT_FOUND raises."""
         request = resource_pb2.GetRequest(namespace=namespace, type=type_, id=id_)
-        return self._call("Get", request, timeout=timeout, node=node, nodes=None, resources=True).resource
+        return self._call("Get", request, timeout=timeout, node=node, nodes=None, service="resources").resource
 
     def machine_status(self, *, timeout=None, node=None) -> dict:
         """The node's MachineStatus spec: `stage` (booting, running, ...) and `status.ready` with its
@@ -411,3 +419,31 @@ class TalosClient:
             reboot_mode=_choice(reboot_mode, UPGRADE_REBOOT_MODES, "reboot_mode"),
         )
         return self._call("Upgrade", request, timeout=timeout, node=node, nodes=nodes)
+
+    def pull_image(self, image: str, *, timeout=None, node=None) -> str:
+        """Pull `image` into the system containerd (ImageService.Pull, Talos 1.13+); returns the name
+        the node gives the pulled image, which LifecycleService.Upgrade takes."""
+        request = image_pb2.ImageServicePullRequest(containerd=INSTALLER_CONTAINERD, image_ref=image)
+        replies = self._call("Pull", request, timeout=timeout, node=node, nodes=None, stream=True, service="images")
+        names = [reply.name for reply in replies if reply.WhichOneof("response") == "name"]
+        if not names:
+            raise errors.TalosApiError(self.endpoints[self._current], "Pull",
+                                       f"the pull of {image} ended without naming the pulled image")
+        return names[-1]
+
+    def lifecycle_upgrade(self, image_name: str, *, timeout=None, node=None) -> tuple[int | None, list[str]]:
+        """Install the pulled installer `image_name` (LifecycleService.Upgrade, Talos 1.13+); the node
+        keeps running the old version until it reboots. Returns (the installer's exit code, or None
+        when the stream ended without one; its output lines)."""
+        request = lifecycle_pb2.LifecycleServiceUpgradeRequest(
+            containerd=INSTALLER_CONTAINERD, source=lifecycle_pb2.InstallArtifactsSource(image_name=image_name))
+        replies = self._call("Upgrade", request, timeout=timeout, node=node, nodes=None, stream=True,
+                             service="lifecycle")
+        exit_code, lines = None, []
+        for reply in replies:
+            kind = reply.progress.WhichOneof("response")
+            if kind == "exit_code":
+                exit_code = reply.progress.exit_code
+            elif kind == "message":
+                lines.append(reply.progress.message)
+        return exit_code, lines

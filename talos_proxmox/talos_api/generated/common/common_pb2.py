@@ -26,15 +26,19 @@ from google.protobuf import any_pb2 as google_dot_protobuf_dot_any__pb2
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63ommon/common.proto\x12\x06\x63ommon\x1a\x19google/protobuf/any.proto\x1a\x17google/rpc/status.proto\"[\n\x05\x45rror\x12\x1a\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x0c.common.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"O\n\x08Metadata\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"9\n\x04\x44\x61ta\x12\"\n\x08metadata\x18\x01 \x01(\x0b\x32\x10.common.Metadata\x12\r\n\x05\x62ytes\x18\x02 \x01(\x0c\".\n\x0c\x44\x61taResponse\x12\x1e\n\x08messages\x18\x01 \x03(\x0b\x32\x0c.common.Data\"+\n\x05\x45mpty\x12\"\n\x08metadata\x18\x01 \x01(\x0b\x32\x10.common.Metadata\"0\n\rEmptyResponse\x12\x1f\n\x08messages\x18\x01 \x03(\x0b\x32\r.common.Empty*+\n\x04\x43ode\x12\t\n\x05\x46\x41TAL\x10\x00\x12\n\n\x06LOCKED\x10\x01\x12\x0c\n\x08\x43\x41NCELED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63ommon/common.proto\x12\x06\x63ommon\x1a\x19google/protobuf/any.proto\x1a\x17google/rpc/status.proto\"[\n\x05\x45rror\x12\x1a\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x0c.common.Code\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"O\n\x08Metadata\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\"\n\x06status\x18\x03 \x01(\x0b\x32\x12.google.rpc.Status\"9\n\x04\x44\x61ta\x12\"\n\x08metadata\x18\x01 \x01(\x0b\x32\x10.common.Metadata\x12\r\n\x05\x62ytes\x18\x02 \x01(\x0c\".\n\x0c\x44\x61taResponse\x12\x1e\n\x08messages\x18\x01 \x03(\x0b\x32\x0c.common.Data\"+\n\x05\x45mpty\x12\"\n\x08metadata\x18\x01 \x01(\x0b\x32\x10.common.Metadata\"0\n\rEmptyResponse\x12\x1f\n\x08messages\x18\x01 \x03(\x0b\x32\r.common.Empty\"m\n\x12\x43ontainerdInstance\x12\'\n\x06\x64river\x18\x01 \x01(\x0e\x32\x17.common.ContainerDriver\x12.\n\tnamespace\x18\x02 \x01(\x0e\x32\x1b.common.ContainerdNamespace*+\n\x04\x43ode\x12\t\n\x05\x46\x41TAL\x10\x00\x12\n\n\x06LOCKED\x10\x01\x12\x0c\n\x08\x43\x41NCELED\x10\x02**\n\x0f\x43ontainerDriver\x12\x0e\n\nCONTAINERD\x10\x00\x12\x07\n\x03\x43RI\x10\x01*@\n\x13\x43ontainerdNamespace\x12\x0e\n\nNS_UNKNOWN\x10\x00\x12\r\n\tNS_SYSTEM\x10\x01\x12\n\n\x06NS_CRI\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CODE']._serialized_start=459
-  _globals['_CODE']._serialized_end=502
+  _globals['_CODE']._serialized_start=570
+  _globals['_CODE']._serialized_end=613
+  _globals['_CONTAINERDRIVER']._serialized_start=615
+  _globals['_CONTAINERDRIVER']._serialized_end=657
+  _globals['_CONTAINERDNAMESPACE']._serialized_start=659
+  _globals['_CONTAINERDNAMESPACE']._serialized_end=723
   _globals['_ERROR']._serialized_start=83
   _globals['_ERROR']._serialized_end=174
   _globals['_METADATA']._serialized_start=176
@@ -47,4 +51,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EMPTY']._serialized_end=407
   _globals['_EMPTYRESPONSE']._serialized_start=409
   _globals['_EMPTYRESPONSE']._serialized_end=457
+  _globals['_CONTAINERDINSTANCE']._serialized_start=459
+  _globals['_CONTAINERDINSTANCE']._serialized_end=568
 # @@protoc_insertion_point(module_scope)

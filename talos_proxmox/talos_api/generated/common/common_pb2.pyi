@@ -14,9 +14,25 @@ class Code(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FATAL: _ClassVar[Code]
     LOCKED: _ClassVar[Code]
     CANCELED: _ClassVar[Code]
+
+class ContainerDriver(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTAINERD: _ClassVar[ContainerDriver]
+    CRI: _ClassVar[ContainerDriver]
+
+class ContainerdNamespace(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NS_UNKNOWN: _ClassVar[ContainerdNamespace]
+    NS_SYSTEM: _ClassVar[ContainerdNamespace]
+    NS_CRI: _ClassVar[ContainerdNamespace]
 FATAL: Code
 LOCKED: Code
 CANCELED: Code
+CONTAINERD: ContainerDriver
+CRI: ContainerDriver
+NS_UNKNOWN: ContainerdNamespace
+NS_SYSTEM: ContainerdNamespace
+NS_CRI: ContainerdNamespace
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "details")
@@ -63,3 +79,11 @@ class EmptyResponse(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[Empty]
     def __init__(self, messages: _Optional[_Iterable[_Union[Empty, _Mapping]]] = ...) -> None: ...
+
+class ContainerdInstance(_message.Message):
+    __slots__ = ("driver", "namespace")
+    DRIVER_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    driver: ContainerDriver
+    namespace: ContainerdNamespace
+    def __init__(self, driver: _Optional[_Union[ContainerDriver, str]] = ..., namespace: _Optional[_Union[ContainerdNamespace, str]] = ...) -> None: ...
