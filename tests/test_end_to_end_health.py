@@ -1,5 +1,5 @@
 """The first `pulumi up` with `health.wait` on, end to end (tests/e2e_engine.py), against the Kubernetes API
-stand-in of tests/test_cluster_health.py: the kubeconfig the control plane hands out points at it.
+stand-in of tests/kube_stand_in.py: the kubeconfig the control plane hands out points at it.
 
 Two fresh clusters (one control plane, one worker on 127.0.0.2-3:50000), one after the other: in the
 first, the nodes are not Ready on the first poll and everything is healthy on the second, and the up
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e_engine import e2e_cluster, e2e_config
-from tests.test_cluster_health import COREDNS_PATH, DAEMONSETS_PATH, NODES_PATH, PODS_PATH, NOT_READY, StandInApi, coredns, node
+from tests.kube_stand_in import COREDNS_PATH, DAEMONSETS_PATH, NODES_PATH, PODS_PATH, NOT_READY, StandInApi, coredns, node
 
 NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-worker-1", "worker", "127.0.0.3")]
 TALOS = "v1.13.7"

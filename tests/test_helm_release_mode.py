@@ -2,7 +2,7 @@
 after Helm has a deployed revision is; nothing is asked while the release does not change."""
 
 from providers.helm_release_mode import AtomicUpgradesProvider
-from tests.test_cluster_health import SECRETS_PATH, StandInApi, helm_release_secret
+from tests.kube_stand_in import SECRETS_PATH, StandInApi, helm_release_secret
 
 CILIUM = "cilium"
 SELECTOR = "labelSelector=owner%3Dhelm%2Cname%3Dcilium%2Cstatus%3Ddeployed"

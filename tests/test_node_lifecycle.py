@@ -253,7 +253,7 @@ def test_the_membership_lock_is_named_by_the_clusters_ca(pair, bundle):
 def test_delete_removes_the_kubernetes_node_through_another_control_plane(pair, capfd):
     """After leaving etcd and the reset, the Node object goes too, with a kubeconfig from a control plane
     that stays; it would otherwise sit NotReady in `kubectl get nodes` for good."""
-    from tests.test_cluster_health import StandInApi, coredns, node as k8s_node
+    from tests.kube_stand_in import StandInApi, coredns, node as k8s_node
 
     fakes, talosconfig = pair
     api = StandInApi([([k8s_node("cp-1", True), k8s_node("cp-2", True)], coredns(1))])

@@ -51,10 +51,11 @@ class ClusterNotHealthy(TimeoutError):
 
 
 class KubeApiError(Exception):
-    """An API call failed; `retryable` says whether a later poll may succeed."""
+    """An API call failed; `retryable` says whether a later poll may succeed; `status` is the HTTP
+    status when the API answered (429: an eviction a PodDisruptionBudget refuses for now)."""
 
-    def __init__(self, message: str, retryable: bool):
-        self.retryable = retryable
+    def __init__(self, message: str, retryable: bool, status: Optional[int] = None):
+        self.retryable, self.status = retryable, status
         super().__init__(message)
 
 
@@ -120,8 +121,8 @@ def _named(doc: Mapping, section: str, field: str, name: Any) -> Mapping:
 
 
 class KubeApi:
-    """JSON client for the few calls we make: the health check's reads, deleting a removed node, and
-    whether a Helm release is deployed."""
+    """JSON client for the few calls we make: the health check's reads, deleting a removed node,
+    whether a Helm release is deployed, and a drain's cordon, pod list and evictions."""
 
     def __init__(self, access: KubeAccess, request_timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.server = access.server
@@ -148,8 +149,21 @@ class KubeApi:
         """DELETE `path`; None when it is already gone (404)."""
         return self._request("DELETE", path)
 
-    def _request(self, method: str, path: str) -> Optional[dict]:
-        request = urllib.request.Request(self.server + path, headers={"Accept": "application/json"}, method=method)
+    def patch(self, path: str, body: Mapping) -> Optional[dict]:
+        """A strategic-merge PATCH of the object at `path` (as kubectl cordon sends); None on 404."""
+        return self._request("PATCH", path, body, "application/strategic-merge-patch+json")
+
+    def post(self, path: str, body: Mapping) -> Optional[dict]:
+        """POST `body` to `path` (e.g. a pod's eviction subresource); None on 404."""
+        return self._request("POST", path, body, "application/json")
+
+    def _request(self, method: str, path: str, body: Optional[Mapping] = None,
+                 content_type: Optional[str] = None) -> Optional[dict]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.server + path, data=data, headers={"Accept": "application/json"},
+                                         method=method)
+        if content_type:
+            request.add_header("Content-Type", content_type)
         if self._token:
             request.add_header("Authorization", f"Bearer {self._token}")
         try:
@@ -160,7 +174,7 @@ class KubeApi:
                 return None
             retryable = exc.code not in (401, 403)
             hint = "" if retryable else " (the kubeconfig's credentials are refused)"
-            raise KubeApiError(f"{method} {path}: HTTP {exc.code} {exc.reason}{hint}", retryable) from None
+            raise KubeApiError(f"{method} {path}: HTTP {exc.code} {exc.reason}{hint}", retryable, exc.code) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise KubeApiError(f"{method} {self.server}{path}: {reason}", retryable=True) from None
