@@ -2,8 +2,9 @@
 
 - create: nothing happens on the node (a fresh node gets its configuration from ConfigurationApply);
   the versions it runs are recorded.
-- update, installer image changed: `rolling.upgrade_node` (Upgrade, wait for the reboot, wait until
-  healthy on the new Talos version).
+- update, installer image changed: `rolling.upgrade_node` (on Talos 1.13+ pull and install, drain through
+  the Kubernetes API a control plane's kubeconfig reaches, reboot, uncordon; before, MachineService.Upgrade;
+  either way back healthy on the new Talos version).
 - update, Kubernetes version changed: the node's new configuration is applied (mTLS, auto) and the
   node must be healthy again before the update returns.
 - update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Talos shutdown
@@ -102,10 +103,18 @@ def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event)
 def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
     event = progress_printer("upgrade", position=props.get("position"))
+    control_planes = ([node] if node.role == "controlplane" else []) + _peers(props)
+
+    def kube() -> cluster_health.KubeApi:  # for the drain a Talos 1.13+ upgrade does on this side
+        try:
+            return kubernetes_api(control_planes, props["talosconfig"], _timeout(props))[0]
+        except LookupError as exc:
+            raise rolling.RollError(node, f"not upgraded: it must be drained first, and {exc}") from None
+
     with rolling.client_for(node, props["talosconfig"]) as client:
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
                              timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF, on_event=event,
-                             before_upgrade=lambda: snapshot_first(client, node, props, event))
+                             before_upgrade=lambda: snapshot_first(client, node, props, event), kube=kube)
 
 
 def kubernetes_step(props: dict[str, Any]) -> None:
@@ -201,21 +210,31 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         delete_kubernetes_node(node, peers, talosconfig, _timeout(props), event)
 
 
-def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: float, event) -> None:
-    """The removed node's Node object, deleted through a kubeconfig from a remaining control plane. With
-    none left (the cluster itself is going), there is nothing to clean up: reported, not an error."""
+def kubernetes_api(control_planes, talosconfig, timeout: float) -> tuple[cluster_health.KubeApi, rolling.RollNode]:
+    """The Kubernetes API through the admin kubeconfig of the first of `control_planes` that hands one
+    out, and that node. LookupError names each that did not (by error class: never a credential)."""
     problems = []
-    for peer in peers:
+    for peer in control_planes:
         try:
             text = operations.fetch_kubeconfig(peer.address, talosconfig, endpoint=peer.dial,
                                                timeout=min(timeout, node_removal.REACH_TIMEOUT))
-            step = cluster_health.delete_node(cluster_health.KubeApi(cluster_health.read_kubeconfig(text)), node.name)
+            return cluster_health.KubeApi(cluster_health.read_kubeconfig(text)), peer
         except Exception as exc:  # noqa: BLE001 - try the next control plane; report if none works
             problems.append(f"{peer.name}: {exc.__class__.__name__}")
-            continue
-        event(f"{step} via {peer.name}", node.name)
+    raise LookupError(f"no control plane gave a kubeconfig ({'; '.join(problems) or 'none left'})")
+
+
+def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: float, event) -> None:
+    """The removed node's Node object, deleted through a kubeconfig from a remaining control plane. With
+    none left (the cluster itself is going), there is nothing to clean up: reported, not an error."""
+    try:
+        api, peer = kubernetes_api(peers, talosconfig, timeout)
+        step = cluster_health.delete_node(api, node.name)
+    except Exception as exc:  # noqa: BLE001 - reported: the node itself is already out of the cluster
+        event(f"kubernetes-node-not-deleted ({exc if isinstance(exc, LookupError) else exc.__class__.__name__})",
+              node.name)
         return
-    event(f"kubernetes-node-not-deleted ({'; '.join(problems) or 'no other control plane'})", node.name)
+    event(f"{step} via {peer.name}", node.name)
 
 
 class NodeLifecycle(dynamic.Resource):

@@ -82,6 +82,26 @@ def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", down
     return nodes, fakes
 
 
+UPGRADE_RPCS = ("ImageService/Pull", "LifecycleService/Upgrade", "Reboot", "Upgrade")
+
+
+def upgrade_timeline(calls: dict, kube, since: float = 0.0, until: float = float("inf")) -> list[tuple[str, str]]:
+    """(who, what) of each upgrade call a node received (`calls`: name -> RecordedCall list) and each
+    change the Kubernetes stand-in `kube` received (cordon X, evict ns/pod, uncordon X), in the order
+    they came, from `since` to `until` (time.monotonic())."""
+    entries = [(call.at, name, call.rpc) for name, received in calls.items() for call in received
+               if call.rpc in UPGRADE_RPCS and since <= call.at < until]
+    for at, what, body in kube.changes:
+        if not since <= at < until:
+            continue
+        if what.startswith("PATCH /api/v1/nodes/"):
+            verb = "cordon" if body["spec"]["unschedulable"] else "uncordon"
+            entries.append((at, "kubernetes", f"{verb} {what.rsplit('/', 1)[-1]}"))
+        else:
+            entries.append((at, "kubernetes", f"evict {body['metadata']['namespace']}/{body['metadata']['name']}"))
+    return [(who, what) for _, who, what in sorted(entries)]
+
+
 def stop_all(fakes: dict) -> None:
     for fake in fakes.values():
         fake.stop()

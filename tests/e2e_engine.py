@@ -64,6 +64,7 @@ from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import Backoff
 from tests.factory_stand_in import StandInFactory
+from tests.kube_stand_in import StandInApi, coredns, node as k8s_node, workload_pod
 from tests.mocked_program import PROVIDER_KEY, ProgramRun, RecordingMocks, RecordingMonitor, run_program, stack_config
 from tests.pve_stand_in import ProxmoxStandIn, serve_proxmox
 from tests.talos_api_server import FakeTalosNode, RecordedCall
@@ -363,8 +364,16 @@ class StandInCluster:
         members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
                                           client_urls=[f"https://{ip}:2379"])
                    for i, (name, role, ip) in enumerate(nodes) if role == "controlplane"]
+        # The cluster's Kubernetes API: each control plane's kubeconfig reaches it; every node runs one
+        # workload pod, which a drain evicts; a removed node's Node object can be deleted.
+        self.kube = StandInApi([([k8s_node(name, True, control_plane=role == "controlplane")
+                                  for name, role, _ in nodes], coredns(2))])
+        self.kube.pods = [workload_pod(f"app-{name}", name) for name, _, _ in nodes]
+        self.kube.deletable = {name for name, _, _ in nodes}
         for name, role, _ in nodes:  # what a healthy node reports once the cluster runs
             fake = self.nodes[name]
+            if role == "controlplane":
+                fake.kubeconfig_yaml = self.kube.kubeconfig()
             fake.etcd_members = list(members) if role == "controlplane" else []
             fake.services = [s for s in fake.services if role == "controlplane" or s.id != "etcd"]
             if role == "controlplane":
@@ -448,6 +457,8 @@ class StandInCluster:
     def stop(self) -> None:
         for fake in self.nodes.values():
             fake.stop()
+        if hasattr(self, "kube"):
+            self.kube.close()
 
 
 def _vm_hardware(inputs: dict) -> dict:

@@ -33,8 +33,10 @@ from talos_proxmox.cluster_plan.resource_inputs import image_facts
 from talos_proxmox.settings.stack import load_settings
 from providers import talos_operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
+from tests.day_two import upgrade_timeline
 from tests.e2e_engine import DeploymentMonitor, Up, e2e_cluster, e2e_config
 from tests.factory_stand_in import StandInFactory
+from tests.kube_stand_in import StandInApi
 from tests.talos_api_server import FakeTalosNode, RecordedCall
 
 # name, role, address: three control planes and a worker, each at its own loopback address
@@ -82,6 +84,7 @@ class Deployment:
     removed: Up
     factory: StandInFactory
     nodes: dict[str, FakeTalosNode]
+    kube: StandInApi
 
     @property
     def ups(self) -> list[Up]:
@@ -94,7 +97,7 @@ def deployment(tmp_path_factory):
         cluster.nodes[NODES[0][0]].kubeconfig_yaml = KUBECONFIG
         ups = [cluster.up(e2e_config(cluster.factory.url, nodes, talos, patches={WORKER: [worker_patch]}))
                for worker_patch, nodes, talos in UPS]
-        yield Deployment(*ups, factory=cluster.factory, nodes=cluster.nodes)
+        yield Deployment(*ups, factory=cluster.factory, nodes=cluster.nodes, kube=cluster.kube)
 
 
 def planned(monitor: DeploymentMonitor) -> set[tuple[str, str]]:
@@ -291,26 +294,32 @@ def test_adding_a_worker_creates_only_its_resources_and_applies_to_it_alone(depl
 
 
 def test_talos_upgrade_rolls_one_node_at_a_time_control_planes_first(deployment):
+    """Talos 1.13 nodes, upgraded as talosctl 1.13 does: pull the installer, install it, drain the node
+    through the Kubernetes API, reboot, uncordon once healthy; the next node only after that."""
     added, upgraded = deployment.added, deployment.upgraded
     order = [name for name, role, _ in NODES if role == "controlplane"] + [WORKER, ADDED[0]]
     new_calls = {name: upgraded.calls[name][len(added.calls[name]):] for name in order}
-    upgrades = {name: [c for c in calls if c.rpc == "Upgrade"] for name, calls in new_calls.items()}
-    assert {name: len(found) for name, found in upgrades.items()} == {name: 1 for name in order}
     installer = upgraded.run.exports["installerImage"]
     assert installer.endswith(f":{UPGRADE}")
+    since = min(c.at for calls in new_calls.values() for c in calls)
+    assert upgrade_timeline(new_calls, deployment.kube, since) == [entry for name in order for entry in (
+        (name, "ImageService/Pull"), (name, "LifecycleService/Upgrade"), ("kubernetes", f"cordon {name}"),
+        ("kubernetes", f"evict default/app-{name}"), (name, "Reboot"), ("kubernetes", f"uncordon {name}"))]
     for name in order:
-        [call] = upgrades[name]
-        assert (call.request.image, call.mode, call.roles) == (installer, "configured", ("os:admin",)), name
+        [pull] = [c for c in new_calls[name] if c.rpc == "ImageService/Pull"]
+        [install] = [c for c in new_calls[name] if c.rpc == "LifecycleService/Upgrade"]
+        assert (pull.request.image_ref, install.request.source.image_name) == (installer, installer), name
+        assert (install.mode, install.roles) == ("configured", ("os:admin",)), name
         assert deployment.nodes[name].version_tag == UPGRADE
         # then the new configuration (its install image changed), over mTLS
         last = applies(new_calls[name])[-1]
         assert (last.request.data, last.roles) == (upgraded.rendered[name], ("os:admin",)), name
-    started = [upgrades[name][0].at for name in order]
-    assert started == sorted(started)
     for before, after in zip(order, order[1:]):
         # the next node starts only once the one before answers healthy on the new version
         healthy = [c.at for c in new_calls[before] if c.rpc == "ServiceList"]
-        assert healthy and max(healthy) < upgrades[after][0].at, (before, after)
+        [pull] = [c.at for c in new_calls[after] if c.rpc == "ImageService/Pull"]
+        assert healthy and max(c.at for c in new_calls[before] if c.rpc == "Reboot") < max(healthy) < pull, \
+            (before, after)
 
 
 def test_talos_upgrade_leaves_secrets_talosconfig_bootstrap_and_kubeconfig_alone(deployment):
@@ -346,7 +355,7 @@ def test_removing_a_worker_resets_it_and_deletes_only_its_resources(deployment):
 
 
 def test_each_control_plane_is_snapshotted_before_its_upgrade_and_only_a_few_kept(deployment):
-    """lifecycle.etcdSnapshots: EtcdSnapshot right before each control plane's Upgrade, none for workers;
+    """lifecycle.etcdSnapshots: EtcdSnapshot right before each control plane's upgrade, none for workers;
     the files are the nodes' snapshot bytes, owner-only, and the stack keeps its newest `keep`."""
     import stat
     from pathlib import Path
@@ -357,7 +366,8 @@ def test_each_control_plane_is_snapshotted_before_its_upgrade_and_only_a_few_kep
     for name, role, _ in NODES:
         calls = [c.rpc for c in upgraded.calls[name][len(added.calls[name]):]]
         if role == "controlplane":
-            assert calls.count("EtcdSnapshot") == 1 and calls.index("EtcdSnapshot") < calls.index("Upgrade"), name
+            assert calls.count("EtcdSnapshot") == 1, name
+            assert calls.index("EtcdSnapshot") < calls.index("LifecycleService/Upgrade"), name
         else:
             assert "EtcdSnapshot" not in calls, name
     files = sorted(Path(SNAPSHOT_DIR).glob("*.snapshot"))

@@ -9,8 +9,9 @@ worker) and the Image Factory stand-in. The ups, in order, each after its previe
   hardware    every node from 2 to 4 cores and 4096 to 6144 MiB: the VMs take it as pending config,
               then in roll order each node is shut down through Talos (drained) and its VM started
               through the Proxmox API, healthy before the next;
-  failed      Talos v1.13.8 while e2e-cp-2 fails its health check after its Upgrade: the up fails
-              naming it, later nodes are not upgraded, e2e-cp-1 stays upgraded in the state;
+  failed      Talos v1.13.8 (pull, install, drain, reboot, uncordon) while e2e-cp-2 fails its health check
+              after its upgrade: the up fails naming it, e2e-cp-2 is uncordoned all the same, later
+              nodes are not upgraded, e2e-cp-1 stays upgraded in the state;
   resumed     the same up once e2e-cp-2 is well again: it continues at e2e-cp-2, not at e2e-cp-1;
   cp_removed  e2e-cp-3 taken out of the stack: it leaves etcd, then is reset, then its VM goes;
   unreachable e2e-cp-2 powered off, then taken out of the stack: its etcd member is removed through
@@ -31,6 +32,7 @@ from talos_proxmox.talos_config import client_config
 from talos_proxmox.talos_api import operations
 from providers import talos_operations
 from talos_proxmox.talos_api.client import read_talosconfig
+from tests.day_two import upgrade_timeline
 from tests.e2e_engine import Up, e2e_cluster, e2e_config
 from tests.talos_api_server import FakeTalosNode, RecordedCall, shared_bundle
 
@@ -47,20 +49,21 @@ VM_IDS = {name: 9100 + int(ip.rsplit(".", 1)[1]) for name, _, ip in NODES}  # as
 
 
 def fail_health_after_upgrade(fake: FakeTalosNode) -> None:
-    """From its next Upgrade on (done as Talos does), the node's health check (ServiceList) fails hard."""
+    """From its next install of an upgrade on (done as Talos does), the node's health check (ServiceList)
+    fails hard."""
 
     def upgrade(node: FakeTalosNode, request, context):
         node.behaviours["ServiceList"] = failing_service_list
-        return FakeTalosNode._rpc_Upgrade(node, request, context)
+        return FakeTalosNode._rpc_LifecycleService_Upgrade(node, request, context)
 
     def failing_service_list(_node, _request, context):
         context.abort(grpc.StatusCode.INTERNAL, HEALTH_FAILURE)
 
-    fake.behaviours["Upgrade"] = upgrade
+    fake.behaviours["LifecycleService/Upgrade"] = upgrade
 
 
 def recover(fake: FakeTalosNode) -> None:
-    for rpc in ("Upgrade", "ServiceList"):
+    for rpc in ("LifecycleService/Upgrade", "ServiceList"):
         fake.behaviours.pop(rpc, None)
 
 
@@ -73,6 +76,7 @@ def ups(tmp_path_factory) -> dict:
         done["hardware"] = cluster.up(e2e_config(url, NODES, TALOS, kubernetes_version=NEW_KUBERNETES,
                                                  hardware=BIGGER))
         done["pve"] = cluster.pve
+        done["kube"] = cluster.kube
 
         def e2e_config_now(nodes, talos):  # what the stack says from here on
             return e2e_config(url, nodes, talos, kubernetes_version=NEW_KUBERNETES, hardware=BIGGER)
@@ -141,7 +145,8 @@ def test_kubernetes_change_updates_each_nodes_config_lifecycle_and_apply_only(up
     assert (up.run.exports["talosconfig"], up.run.exports["kubeconfig"]) == (
         ups["first"].run.exports["talosconfig"], ups["first"].run.exports["kubeconfig"])
     for name in ROLL_ORDER:
-        assert not rpcs(up.new_calls(ups["first"], name), "Upgrade", "Bootstrap", "Kubeconfig", "Reset"), name
+        assert not rpcs(up.new_calls(ups["first"], name), "Upgrade", "ImageService/Pull", "LifecycleService/Upgrade",
+                        "Bootstrap", "Kubeconfig", "Reset"), name
 
 
 def test_kubernetes_change_reaches_one_node_at_a_time_control_planes_first(ups):
@@ -218,11 +223,17 @@ def test_failed_upgrade_names_the_failing_node_and_upgrades_no_later_node(ups):
     before, failed = ups["hardware"], ups["failed"]
     message = str(failed.error)
     assert "e2e-cp-2 (127.0.0.3)" in message and HEALTH_FAILURE in message
-    upgrades = {name: rpcs(failed.new_calls(before, name), "Upgrade") for name in ROLL_ORDER}
+    upgrades = {name: rpcs(failed.new_calls(before, name), "LifecycleService/Upgrade") for name in ROLL_ORDER}
     assert {name: len(calls) for name, calls in upgrades.items()} == {CP1: 1, CP2: 1, CP3: 0, WORKER: 0}
     assert upgrades[CP1][0].at < upgrades[CP2][0].at
     for name in (CP3, WORKER):
         assert failed.new_calls(before, name) == [], name  # not even a health check
+    # e2e-cp-2 was drained and rebooted; once its health failed, it was uncordoned all the same
+    since = upgrades[CP2][0].at
+    until = min(c.at for name in ROLL_ORDER for c in ups["resumed"].new_calls(failed, name))
+    assert upgrade_timeline({CP2: failed.new_calls(before, CP2)}, ups["kube"], since, until) == [
+        (CP2, "LifecycleService/Upgrade"), ("kubernetes", f"cordon {CP2}"), ("kubernetes", f"evict default/app-{CP2}"),
+        (CP2, "Reboot"), ("kubernetes", f"uncordon {CP2}")]
 
 
 def test_failed_upgrade_keeps_the_first_node_upgraded_in_the_state(ups):
@@ -240,7 +251,7 @@ def test_rerun_after_recovery_continues_at_the_failed_node(ups):
     """cp-2 had rebooted into the new version before its health failed: once healthy again it is not
     upgraded (rebooted) a second time; the roll checks it and goes on with the nodes after it."""
     failed, resumed = ups["failed"], ups["resumed"]
-    upgrades = {name: rpcs(resumed.new_calls(failed, name), "Upgrade") for name in ROLL_ORDER}
+    upgrades = {name: rpcs(resumed.new_calls(failed, name), "LifecycleService/Upgrade") for name in ROLL_ORDER}
     assert {name: len(calls) for name, calls in upgrades.items()} == {CP1: 0, CP2: 0, CP3: 1, WORKER: 1}
     cp2_checks = rpcs(resumed.new_calls(failed, CP2), "ServiceList")
     assert cp2_checks and cp2_checks[-1].at < upgrades[CP3][0].at < upgrades[WORKER][0].at

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.usefixtures("fast_backoff")
 
 @pytest.fixture
 def pair(bundle):
-    nodes, fakes = stand_in_cluster(bundle, [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane")],
-                                    version_tag=OLD, downtime=0.2)
+    nodes, fakes = stand_in_cluster(bundle, [("cp-1", "10.5.0.1", "controlplane"), ("cp-2", "10.5.0.2", "controlplane"),
+                                             ("cp-3", "10.5.0.3", "controlplane")], version_tag=OLD, downtime=0.2)
     yield fakes, make_talosconfig(bundle, "test", [fakes["cp-1"].endpoint, fakes["cp-2"].endpoint])
     stop_all(fakes)
 
@@ -86,13 +86,14 @@ def test_installer_image_change_upgrades_the_node_and_waits_for_it(pair):
     assert fakes["cp-1"].version_tag == NEW
     assert fakes["cp-1"].calls_for("ApplyConfiguration") == []
     # The last health check, after the reboot: the node (apid, boot status, services), then etcd as the
-    # node and each member it lists (cp-1, cp-2: asked through cp-1's apid) see it.
-    assert [(c.rpc, c.metadata.get("node")) for c in fakes["cp-1"].calls[-8:]] == [
+    # node and each member it lists (cp-1, cp-2, cp-3: asked through cp-1's apid) see it.
+    assert [(c.rpc, c.metadata.get("node")) for c in fakes["cp-1"].calls[-10:]] == [
         ("Version", ["10.5.0.1"]), ("Get", ["10.5.0.1"]), ("ServiceList", ["10.5.0.1"]),
         ("EtcdMemberList", ["10.5.0.1"]),
         ("EtcdMemberList", ["10.5.0.1"]), ("ServiceList", ["10.5.0.1"]),
-        ("EtcdMemberList", ["10.5.0.2"]), ("ServiceList", ["10.5.0.2"])]
-    assert fakes["cp-2"].calls == []
+        ("EtcdMemberList", ["10.5.0.2"]), ("ServiceList", ["10.5.0.2"]),
+        ("EtcdMemberList", ["10.5.0.3"]), ("ServiceList", ["10.5.0.3"])]
+    assert fakes["cp-2"].calls == [] and fakes["cp-3"].calls == []
 
 
 def test_kubernetes_version_change_applies_this_nodes_config_then_waits_healthy(pair):
@@ -277,3 +278,46 @@ def test_without_a_remaining_control_plane_the_node_object_is_reported_not_delet
     provider.delete("id", provider.create(_props(fakes, talosconfig)).outs)  # cp-2's kubeconfig is unusable
     err = capfd.readouterr().err
     assert "talos-proxmox: remove cp-1: kubernetes-node-not-deleted (" in err and "KubeconfigError" in err
+
+
+def test_an_upgrade_on_talos_1_13_drains_through_the_kubeconfig_a_control_plane_gives(pair, capfd):
+    from tests.kube_stand_in import StandInApi, coredns, node as k8s_node, workload_pod
+
+    fakes, talosconfig = pair
+    api = StandInApi([([k8s_node(name, True) for name in fakes], coredns(1))])
+    try:
+        for fake in fakes.values():
+            fake.version_tag = "v1.13.7"
+            fake.kubeconfig_yaml = api.kubeconfig()
+        api.pods = [workload_pod("web-1", "cp-1"), workload_pod("web-2", "cp-2")]
+        provider = NodeLifecycleProvider()
+        olds = provider.create(_props(fakes, talosconfig, talos_version="v1.13.7")).outs
+        image = f"factory.talos.dev/installer/{seed.SCHEMATIC}:v1.13.8"
+        provider.update("id", olds, _props(fakes, talosconfig, installer_image=image, talos_version="v1.13.8"))
+        cp1 = fakes["cp-1"]
+        assert cp1.version_tag == "v1.13.8" and cp1.calls_for("Upgrade") == []
+        # the kubeconfig from the node itself (a control plane, healthy), before anything was installed
+        assert cp1.calls_for("Kubeconfig")[0].at < cp1.calls_for("ImageService/Pull")[0].at
+        assert [what for _, what, _ in api.changes] == [
+            "PATCH /api/v1/nodes/cp-1", "POST /api/v1/namespaces/default/pods/web-1/eviction", "PATCH /api/v1/nodes/cp-1"]
+        assert api.changes[1][0] < cp1.calls_for("Reboot")[0].at < api.changes[2][0]
+        assert [p["metadata"]["name"] for p in api.pods] == ["web-2"] and api.unschedulable == {"cp-1": False}
+        err = capfd.readouterr().err
+        assert "talos-proxmox: upgrade cp-1: drained (1 pod(s) evicted)" in err
+        assert "talos-proxmox: upgrade cp-1: uncordoned" in err
+    finally:
+        api.close()
+
+
+def test_an_upgrade_on_talos_1_13_without_a_usable_kubeconfig_changes_nothing(pair):
+    fakes, talosconfig = pair
+    for fake in fakes.values():
+        fake.version_tag = "v1.13.7"  # kubeconfig_yaml stays the stand-in's empty one: no cluster in it
+    provider = NodeLifecycleProvider()
+    olds = provider.create(_props(fakes, talosconfig, talos_version="v1.13.7")).outs
+    image = f"factory.talos.dev/installer/{seed.SCHEMATIC}:v1.13.8"
+    with pytest.raises(RollError) as failed:
+        provider.update("id", olds, _props(fakes, talosconfig, installer_image=image, talos_version="v1.13.8"))
+    assert str(failed.value) == (f"node cp-1 (10.5.0.1): not upgraded: it must be drained first, and no control plane "
+                                 f"gave a kubeconfig (cp-1: KubeconfigError; {fakes['cp-2'].endpoint}: KubeconfigError)")
+    assert fakes["cp-1"].calls_for("ImageService/Pull") == [] and fakes["cp-1"].version_tag == "v1.13.7"

@@ -5,11 +5,15 @@ import time
 import grpc
 import pytest
 
-from talos_proxmox.day_two.rolling import RollError, RollNode, health_problems, roll, roll_order, upgrade_node, wait_healthy
+from talos_proxmox.day_two.cluster_health import KubeApi, read_kubeconfig
+from talos_proxmox.day_two.rolling import (RollError, RollNode, health_problems, roll, roll_order, upgrade_node,
+                                           uses_lifecycle_api, wait_healthy)
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
-from tests.day_two import FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.day_two import (FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all,  # noqa: F401 - fixtures
+                           upgrade_timeline)
+from tests.kube_stand_in import StandInApi, coredns, node as k8s_node, workload_pod
 from tests.talos_api_server import FakeTalosNode
 
 OLD, NEW = "v1.12.6", "v1.13.7"
@@ -18,9 +22,9 @@ IMAGE = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEW}"
 
 @pytest.fixture
 def cluster(bundle):
-    """Stack order on purpose not roll order: a worker first, then two control planes."""
+    """Stack order on purpose not roll order: a worker first, then three control planes."""
     layout = [("worker-1", "10.5.0.11", "worker"), ("cp-1", "10.5.0.1", "controlplane"),
-              ("cp-2", "10.5.0.2", "controlplane")]
+              ("cp-2", "10.5.0.2", "controlplane"), ("cp-3", "10.5.0.3", "controlplane")]
     nodes, fakes = stand_in_cluster(bundle, layout, version_tag=OLD)
     yield list(nodes.values()), fakes
     stop_all(fakes)
@@ -58,16 +62,16 @@ def test_roll_order_is_control_planes_first_in_stack_order():
         roll_order([RollNode("w3", "10.0.0.6", "master")])
 
 
-def test_three_node_roll_goes_one_at_a_time_control_planes_first_each_back_healthy(cluster, credentials):
+def test_four_node_roll_goes_one_at_a_time_control_planes_first_each_back_healthy(cluster, credentials):
     nodes, fakes = cluster
     events, snapshots = [], []
-    _watch_previous(fakes, ["cp-1", "cp-2", "worker-1"], snapshots)
+    _watch_previous(fakes, ["cp-1", "cp-2", "cp-3", "worker-1"], snapshots)
 
     done = roll(nodes, _upgrade_step(credentials, events), on_event=lambda what, name: events.append((what, name)))
 
-    assert done == ["cp-1", "cp-2", "worker-1"]
+    assert done == ["cp-1", "cp-2", "cp-3", "worker-1"]
     upgrades = sorted((call.at, name) for name, fake in fakes.items() for call in fake.calls_for("Upgrade"))
-    assert [name for _, name in upgrades] == ["cp-1", "cp-2", "worker-1"]
+    assert [name for _, name in upgrades] == ["cp-1", "cp-2", "cp-3", "worker-1"]
     for fake in fakes.values():
         (call,) = fake.calls_for("Upgrade")
         assert call.request.image == IMAGE
@@ -76,11 +80,11 @@ def test_three_node_roll_goes_one_at_a_time_control_planes_first_each_back_healt
         assert call.roles == ("os:admin",)
         assert fake.version_tag == NEW
     # when each later node was asked to upgrade, the one before it was up again, on the new version
-    assert snapshots == [("cp-2", "cp-1", NEW, True), ("worker-1", "cp-2", NEW, True)]
+    assert snapshots == [("cp-2", "cp-1", NEW, True), ("cp-3", "cp-2", NEW, True), ("worker-1", "cp-3", NEW, True)]
     per_node = ["start", "healthy-before", "upgrade-requested", "rebooted", "healthy", "done"]
-    assert events == [(what, name) for name in ("cp-1", "cp-2", "worker-1") for what in per_node]
+    assert events == [(what, name) for name in ("cp-1", "cp-2", "cp-3", "worker-1") for what in per_node]
     # the wait after each control plane's upgrade checked etcd membership before the next started
-    for name, nxt in (("cp-1", "cp-2"), ("cp-2", "worker-1")):
+    for name, nxt in (("cp-1", "cp-2"), ("cp-2", "cp-3"), ("cp-3", "worker-1")):
         upgraded_at = fakes[name].calls_for("Upgrade")[0].at
         next_at = fakes[nxt].calls_for("Upgrade")[0].at
         checks = [c.at for c in fakes[name].calls_for("EtcdMemberList") if upgraded_at < c.at < next_at]
@@ -102,8 +106,8 @@ def test_a_node_that_fails_health_stops_the_roll_and_leaves_the_rest_untouched(c
 
     message = str(err.value)
     assert "cp-2 (10.5.0.2)" in message and "service etcd is Failed" in message
-    assert "finished: cp-1" in message and "not touched: worker-1" in message
-    assert err.value.node.name == "cp-2" and err.value.untouched == ("worker-1",)
+    assert "finished: cp-1" in message and "not touched: cp-3, worker-1" in message
+    assert err.value.node.name == "cp-2" and err.value.untouched == ("cp-3", "worker-1")
     assert fakes["cp-1"].version_tag == NEW
     assert len(broken.calls_for("Upgrade")) == 1
     assert fakes["worker-1"].calls_for("Upgrade") == []
@@ -117,7 +121,8 @@ def test_an_unhealthy_node_is_not_upgraded(cluster, credentials):
     with _client(credentials, cp1) as client:
         assert health_problems(client, cp1) == [
             "etcd member on cp-1: no member has a URL on 10.5.0.1",
-            "etcd members consistent on cp-2: lists members [101, 102], cp-1 lists [102]"]
+            "etcd members consistent on cp-2: lists members [101, 102, 103], cp-1 lists [102, 103]",
+            "etcd members consistent on cp-3: lists members [101, 102, 103], cp-1 lists [102, 103]"]
         with pytest.raises(RollError, match="cp-1 .*not healthy after"):
             upgrade_node(client, cp1, IMAGE, talos_version=NEW, timeout=5, preflight_timeout=0.5, backoff=FAST)
     assert fakes["cp-1"].calls_for("Upgrade") == []
@@ -148,10 +153,10 @@ def test_a_rerun_leaves_a_node_already_on_the_target_version_alone(cluster, cred
 
     done = roll(nodes, _upgrade_step(credentials, events), on_event=lambda what, name: events.append((what, name)))
 
-    assert done == ["cp-1", "cp-2", "worker-1"]
+    assert done == ["cp-1", "cp-2", "cp-3", "worker-1"]
     assert fakes["cp-1"].calls_for("Upgrade") == []
     assert ("already-upgraded", "cp-1") in events and ("upgrade-requested", "cp-1") not in events
-    assert [len(fakes[name].calls_for("Upgrade")) for name in ("cp-2", "worker-1")] == [1, 1]
+    assert [len(fakes[name].calls_for("Upgrade")) for name in ("cp-2", "cp-3", "worker-1")] == [1, 1, 1]
 
 
 # --- an upgrade that goes wrong, each way, named by its node --------------------------------------
@@ -264,10 +269,173 @@ def test_a_step_that_fails_with_any_error_stops_the_roll_with_its_message(cluste
     with pytest.raises(RollError) as failed:
         roll(nodes, step)
     assert str(failed.value) == ("rolling operation stopped at node cp-2 (10.5.0.2): disk full; finished: cp-1; "
-                                 "not touched: worker-1")
+                                 "not touched: cp-3, worker-1")
 
 
 def test_unknown_roles_are_all_named_with_the_roles_there_are():
     with pytest.raises(ValueError) as failed:
         roll_order([RollNode("a", "10.0.0.1", "master"), RollNode("b", "10.0.0.2", "etcd")])
     assert str(failed.value) == "role of node(s) a, b is not one of controlplane, worker"
+
+
+# --- Talos 1.13 and later: ImageService.Pull, LifecycleService.Upgrade, drain, Reboot, uncordon -------
+
+CURRENT, NEXT = "v1.13.7", "v1.13.8"
+NEXT_IMAGE = f"factory.talos.dev/installer/{seed.SCHEMATIC}:{NEXT}"
+ROLL = ["cp-1", "cp-2", "cp-3", "worker-1"]
+
+
+@pytest.fixture
+def current_cluster(bundle, credentials):
+    """The cluster fixture's nodes on Talos 1.13, each running one workload pod and a Cilium pod, with
+    the Kubernetes API stand-in the drain goes through."""
+    layout = [("worker-1", "10.5.0.11", "worker"), ("cp-1", "10.5.0.1", "controlplane"),
+              ("cp-2", "10.5.0.2", "controlplane"), ("cp-3", "10.5.0.3", "controlplane")]
+    nodes, fakes = stand_in_cluster(bundle, layout, version_tag=CURRENT)
+    kube = StandInApi([([k8s_node(name, True) for name, _, _ in layout], coredns(2))])
+    kube.pods = [pod for name in ROLL for pod in (
+        workload_pod(f"web-{name}", name), workload_pod(f"cilium-{name}", name, "kube-system", owner="DaemonSet"))]
+    yield nodes, fakes, kube, credentials
+    stop_all(fakes)
+    kube.close()
+
+
+def _kube(kube):
+    return lambda: KubeApi(read_kubeconfig(kube.kubeconfig()))
+
+
+def _timeline(fakes, kube) -> list[tuple[str, str]]:
+    return upgrade_timeline({name: fake.calls for name, fake in fakes.items()}, kube)
+
+
+def _current_upgrade(credentials, nodes, stand_in, name, events=None, **kwargs):
+    node = nodes[name]
+    with _client(credentials, node) as client:
+        upgrade_node(client, node, NEXT_IMAGE, **{
+            "talos_version": NEXT, "timeout": 10, "backoff": FAST, "kube": _kube(stand_in),
+            "on_event": (lambda what, who: events.append(what)) if events is not None else None, **kwargs})
+
+
+@pytest.mark.parametrize("tag, lifecycle", [
+    ("v1.13.0", True), ("v1.13.7", True), ("v1.14.0-rc.1", True), ("v1.17.2", True), ("1.13.1", True),
+    ("v1.13.0-alpha.3", True), ("v1.13.0-beta.0", True), ("v1.13.0-alpha.2.1", True),
+    ("v1.13.0-alpha.2", False), ("v1.13.0-alpha.1", False), ("v1.13.0-alpha", False),
+    ("v1.12.6", False), ("v1.11.5", False), ("v2.0.0", False), ("v0.14.0", False), ("", False), ("main", False),
+])
+def test_which_nodes_take_the_lifecycle_api_is_talosctls_version_range(tag, lifecycle):
+    assert uses_lifecycle_api(tag) is lifecycle
+
+
+def test_a_roll_on_talos_1_13_pulls_installs_drains_reboots_and_uncordons_one_node_at_a_time(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    events = []
+
+    def step(node):
+        with _client(credentials, node) as client:
+            upgrade_node(client, node, NEXT_IMAGE, talos_version=NEXT, timeout=15, backoff=FAST, kube=_kube(kube),
+                         on_event=lambda what, name: events.append((what, name)))
+
+    assert roll(list(nodes.values()), step) == ROLL
+    assert _timeline(fakes, kube) == [entry for name in ROLL for entry in (
+        (name, "ImageService/Pull"), (name, "LifecycleService/Upgrade"), ("kubernetes", f"cordon {name}"),
+        ("kubernetes", f"evict default/web-{name}"), (name, "Reboot"), ("kubernetes", f"uncordon {name}"))]
+    for name, fake in fakes.items():
+        (pull,) = fake.calls_for("ImageService/Pull")
+        assert pull.request.image_ref == NEXT_IMAGE
+        # talosctl upgrade's default: the CRI containerd's system namespace
+        assert (pull.request.containerd.driver, pull.request.containerd.namespace) == (1, 1)
+        (install,) = fake.calls_for("LifecycleService/Upgrade")
+        assert install.request.source.image_name == NEXT_IMAGE and install.request.containerd == pull.request.containerd
+        (reboot,) = fake.calls_for("Reboot")
+        assert reboot.request.mode == machine_pb2.RebootRequest.DEFAULT and reboot.roles == ("os:admin",)
+        assert fake.version_tag == NEXT and fake.calls_for("Upgrade") == []
+    per_node = ["healthy-before", "installer-pulled", "installed", "cordoned", "drained (1 pod(s) evicted)",
+                "reboot-requested", "rebooted", "healthy", "uncordoned"]
+    assert events == [(what, name) for name in ROLL for what in per_node]
+    assert kube.unschedulable == dict.fromkeys(ROLL, False)
+    assert sorted(p["metadata"]["name"] for p in kube.pods) == sorted(f"cilium-{name}" for name in ROLL)
+
+
+def test_a_failed_install_stops_before_the_drain_and_the_reboot_naming_the_exit_code(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["cp-1"].installer_exit_code = 1
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "cp-1")
+    assert str(failed.value) == (f"node cp-1 (10.5.0.1): the installer {NEXT_IMAGE} exited with code 1; the node "
+                                 f"still runs its old version; it said: installing {NEXT_IMAGE} | failed to write "
+                                 f"the boot partition")
+    assert _timeline(fakes, kube) == [("cp-1", "ImageService/Pull"), ("cp-1", "LifecycleService/Upgrade")]
+    assert fakes["cp-1"].version_tag == CURRENT and fakes["cp-1"].is_up
+
+
+def test_an_install_stream_without_an_exit_code_is_a_failure(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].behaviours["LifecycleService/Upgrade"] = lambda node, request, context: iter(())
+    with pytest.raises(RollError, match=r"^node worker-1 \(10\.5\.0\.11\): the installer .* ended without an exit "
+                                        r"code; the node still runs its old version$"):
+        _current_upgrade(credentials, nodes, kube, "worker-1")
+    assert fakes["worker-1"].calls_for("Reboot") == [] and kube.changes == []
+
+
+def test_a_refused_pull_names_the_image_and_installs_nothing(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].fail_next("ImageService/Pull", grpc.StatusCode.NOT_FOUND, "manifest unknown")
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1")
+    assert str(failed.value).startswith(f"node worker-1 (10.5.0.11): pulling the installer {NEXT_IMAGE} failed: ")
+    assert "manifest unknown" in str(failed.value)
+    assert fakes["worker-1"].calls_for("LifecycleService/Upgrade") == [] and kube.changes == []
+
+
+def test_a_drain_that_cannot_finish_uncordons_and_does_not_reboot(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    kube.evictions_refused["web-worker-1"] = 10_000
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1", drain_timeout=0.3)
+    assert str(failed.value).startswith("node worker-1 (10.5.0.11): node worker-1: not drained after 0.3s; still on "
+                                        "it: default/web-worker-1 (eviction refused by a disruption budget); not "
+                                        "rebooted (the new version is installed and starts at its next reboot)")
+    timeline = _timeline(fakes, kube)
+    assert timeline[:3] == [("worker-1", "ImageService/Pull"), ("worker-1", "LifecycleService/Upgrade"),
+                            ("kubernetes", "cordon worker-1")]
+    assert timeline[-1] == ("kubernetes", "uncordon worker-1") and ("worker-1", "Reboot") not in timeline
+    assert kube.unschedulable == {"worker-1": False} and fakes["worker-1"].version_tag == CURRENT
+
+
+def test_a_node_that_does_not_come_back_is_reported_and_still_uncordoned(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].behaviours["Reboot"] = lambda node, request, context: (
+        node.go_down(), machine_pb2.RebootResponse(messages=[machine_pb2.Reboot()]))[1]
+    with pytest.raises(RollError, match=r"^node worker-1 \(10\.5\.0\.11\): not healthy after "):
+        _current_upgrade(credentials, nodes, kube, "worker-1", timeout=2)
+    assert _timeline(fakes, kube)[-2:] == [("worker-1", "Reboot"), ("kubernetes", "uncordon worker-1")]
+
+
+def test_a_lost_reboot_reply_is_not_answered_with_a_second_reboot(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].fail_next("Reboot", grpc.StatusCode.UNAVAILABLE, "connection reset")
+    with pytest.raises(RollError, match=r"did not reboot into the upgrade within "):
+        _current_upgrade(credentials, nodes, kube, "worker-1", timeout=2)
+    assert len(fakes["worker-1"].calls_for("Reboot")) == 1
+
+
+def test_a_two_member_etcd_is_refused_before_anything_happens(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    for name in ("cp-1", "cp-2"):
+        fakes[name].etcd_members = [m for m in fakes[name].etcd_members if m.hostname != "cp-3"]
+    fakes["cp-3"].stop()
+    hook = []
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "cp-1", before_upgrade=lambda: hook.append("snapshot"))
+    assert str(failed.value) == ("node cp-1 (10.5.0.1): not upgraded: etcd has 2 members, so the other one alone "
+                                 "loses quorum while this one is down; add a third control plane first (or remove "
+                                 "one)")
+    assert hook == [] and _timeline(fakes, kube) == []
+
+
+def test_without_a_kubernetes_api_the_drain_is_skipped_and_said(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    events = []
+    _current_upgrade(credentials, nodes, kube, "worker-1", events=events, kube=None)
+    assert "drain-skipped (no Kubernetes API)" in events and kube.changes == []
+    assert fakes["worker-1"].version_tag == NEXT

@@ -16,11 +16,13 @@ clock, sleep and backoff are injectable so tests run against stand-in nodes in w
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from talos_proxmox.day_two import talos_health
+from talos_proxmox.day_two import node_drain, talos_health
+from talos_proxmox.day_two.cluster_health import KubeApi, KubeApiError
 from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
@@ -140,41 +142,159 @@ def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expecte
         raise RollError(node, f"failed while waiting for it to reboot into the upgrade: {exc}") from None
 
 
+def uses_lifecycle_api(tag: str) -> bool:
+    """Whether a node running Talos `tag` is upgraded through ImageService.Pull and LifecycleService.Upgrade,
+    as talosctl 1.13 does for nodes in its range ">1.13.0-alpha.2 <2.0.0"; older nodes (and a tag that
+    is not a version) take MachineService.Upgrade, which Talos serves until 1.18."""
+    match = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?", tag or "")
+    if match is None:
+        return False
+    major, minor, patch = (int(part) for part in match.groups()[:3])
+    if major != 1 or (minor, patch) < (13, 0):
+        return False
+    if (minor, patch) > (13, 0) or match.group(4) is None:
+        return True
+    return _prerelease_order(match.group(4)) > _prerelease_order("alpha.2")
+
+
+def _prerelease_order(prerelease: str) -> tuple:
+    """Semantic-version precedence of a pre-release: numbers numerically, below words, which sort as text."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in prerelease.split("."))
+
+
+def etcd_quorum_problem(client: TalosClient, node: RollNode, call_timeout: float = CALL_TIMEOUT) -> Optional[str]:
+    """Why taking this control plane down would lose etcd quorum, as Talos's own pre-upgrade check
+    (ValidateForUpgrade) refuses it: with two members, the other one alone has no majority."""
+    reply = talos_health.first_message(client.etcd_member_list(timeout=call_timeout, node=node.address))
+    members = list(reply.members) if reply is not None else []
+    if len(members) == 2:
+        return ("etcd has 2 members, so the other one alone loses quorum while this one is down; "
+                "add a third control plane first (or remove one)")
+    return None
+
+
+def _install_with_lifecycle_api(client: TalosClient, node: RollNode, image: str, *, remaining: Callable[[], float],
+                                backoff: Backoff, event: Event, sleep, clock) -> None:
+    """Pull the installer, then install it (the node keeps running the old version until it reboots)."""
+
+    def attempt(call, what: str):
+        try:
+            return call_with_retry(call, timeout=remaining(), what=f"{what} on {node.name}", backoff=backoff,
+                                   retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
+        except (GaveUp, errors.TalosApiError) as exc:
+            raise RollError(node, f"{what} failed: {exc}") from None
+
+    pulled = attempt(lambda left: client.pull_image(image, timeout=left), f"pulling the installer {image}")
+    event("installer-pulled", node.name)
+    exit_code, lines = attempt(lambda left: client.lifecycle_upgrade(pulled, timeout=left),
+                               f"installing {image}")
+    if exit_code != 0:
+        said = f"; it said: {' | '.join(lines[-3:])}" if lines else ""
+        how = "ended without an exit code" if exit_code is None else f"exited with code {exit_code}"
+        raise RollError(node, f"the installer {image} {how}; the node still runs its old version{said}")
+    event("installed", node.name)
+
+
+def _reboot(client: TalosClient, node: RollNode, event: Event) -> None:
+    """One Reboot, never repeated: a reply lost to a node already going down is no reason to reboot it
+    twice; whether it went down is what the wait after this sees."""
+    try:
+        client.reboot(mode="default", timeout=CALL_TIMEOUT)
+    except errors.TalosApiError as exc:
+        if not errors.transient_while_rebooting(exc):
+            raise RollError(node, f"the reboot into the installed upgrade was refused: {exc}") from None
+    event("reboot-requested", node.name)
+
+
 def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_version: Optional[str],
                  timeout: float, preflight_timeout: float = PREFLIGHT_TIMEOUT, backoff: Backoff = DEFAULT_BACKOFF,
                  on_event: Optional[Event] = None, before_upgrade: Optional[Callable[[], None]] = None,
+                 kube: Optional[Callable[[], KubeApi]] = None, drain_timeout: float = node_drain.DEFAULT_DRAIN_TIMEOUT,
                  sleep=time.sleep, clock=time.monotonic) -> None:
     """Upgrade one node to the installer `image` and wait until it is back, healthy, on `talos_version`.
 
-    The node must be healthy first (a node that is already failing is not made worse). A node that
-    already runs `talos_version` (a rerun after a roll stopped part-way) is left alone. The request is
-    what `talosctl upgrade` sends by default: preserve, stage and force off. `preserve=true` no longer
-    keeps data in Talos 1.13 but skips Talos's own etcd checks before the upgrade (the upgrade lock,
-    refusing to upgrade a member of an unhealthy or two-member etcd), which we want to run.
+    The node must be healthy first (a node that is already failing is not made worse), and a control
+    plane must not be one of two etcd members. A node that already runs `talos_version` (a rerun after
+    a roll stopped part-way) is left alone. Then, as `talosctl upgrade` does for the node's version:
+    - Talos 1.13 and later (`uses_lifecycle_api`): pull the installer, install it, drain the node through
+      the Kubernetes API `kube()` gives (node_drain; Talos's Reboot does not drain), reboot, and
+      uncordon once it is healthy again;
+    - older: MachineService.Upgrade with preserve, stage and force off (Talos drains, installs and
+      reboots; `preserve=true` would skip Talos's etcd checks before the upgrade).
     """
     event = on_event or (lambda _what, _name: None)
     deadline = clock() + timeout
+
+    def remaining() -> float:
+        return max(deadline - clock(), 0.001)
+
     wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep, clock=clock)
     event("healthy-before", node.name)
     tag_before = talos_health.first_message(client.version(timeout=CALL_TIMEOUT)).version.tag
     if talos_version is not None and tag_before == talos_version:
         event("already-upgraded", node.name)
         return
+    if node.role == "controlplane":
+        problem = etcd_quorum_problem(client, node)
+        if problem:
+            raise RollError(node, f"not upgraded: {problem}")
     if before_upgrade is not None:
         before_upgrade()  # e.g. the etcd snapshot, once it is certain the node is going down
+    if not uses_lifecycle_api(tag_before):
+        try:
+            call_with_retry(lambda left: client.upgrade(image, timeout=min(CALL_TIMEOUT, left)),
+                            timeout=remaining(), what=f"upgrade {node.name}", backoff=backoff,
+                            retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
+        except (GaveUp, errors.TalosApiError) as exc:
+            raise RollError(node, f"upgrade to {image} was refused: {exc}") from None
+        event("upgrade-requested", node.name)
+        _back_healthy(client, node, tag_before, talos_version, remaining=remaining, backoff=backoff, event=event,
+                      sleep=sleep, clock=clock)
+        return
+    api = kube() if kube is not None else None  # before installing: a node that cannot be drained is left as it is
+    _install_with_lifecycle_api(client, node, image, remaining=remaining, backoff=backoff, event=event, sleep=sleep,
+                                clock=clock)
+    if api is None:
+        event("drain-skipped (no Kubernetes API)", node.name)
+    else:
+        try:
+            node_drain.drain(api, node.name, timeout=min(drain_timeout, remaining()),
+                             on_event=lambda what: event(what, node.name), sleep=sleep, clock=clock)
+        except node_drain.DrainError as exc:
+            _uncordon(api, node, event, strict=False)
+            raise RollError(node, f"{exc}; not rebooted (the new version is installed and starts at its next "
+                                  f"reboot)") from None
     try:
-        call_with_retry(lambda remaining: client.upgrade(image, timeout=min(CALL_TIMEOUT, remaining)),
-                        timeout=max(deadline - clock(), 0.001), what=f"upgrade {node.name}", backoff=backoff,
-                        retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
-    except (GaveUp, errors.TalosApiError) as exc:
-        raise RollError(node, f"upgrade to {image} was refused: {exc}") from None
-    event("upgrade-requested", node.name)
-    _wait_rebooted(client, node, tag_before, talos_version, timeout=max(deadline - clock(), 0.001),
-                   backoff=backoff, sleep=sleep, clock=clock)
+        _reboot(client, node, event)
+        _back_healthy(client, node, tag_before, talos_version, remaining=remaining, backoff=backoff, event=event,
+                      sleep=sleep, clock=clock)
+    except BaseException:
+        if api is not None:
+            _uncordon(api, node, event, strict=False)  # as talosctl does; the roll's own error is what counts
+        raise
+    if api is not None:
+        _uncordon(api, node, event, strict=True)
+
+
+def _back_healthy(client: TalosClient, node: RollNode, tag_before: str, talos_version: Optional[str], *,
+                  remaining: Callable[[], float], backoff: Backoff, event: Event, sleep, clock) -> None:
+    _wait_rebooted(client, node, tag_before, talos_version, timeout=remaining(), backoff=backoff, sleep=sleep,
+                   clock=clock)
     event("rebooted", node.name)
-    wait_healthy(client, node, expected_tag=talos_version, timeout=max(deadline - clock(), 0.001),
-                 backoff=backoff, sleep=sleep, clock=clock)
+    wait_healthy(client, node, expected_tag=talos_version, timeout=remaining(), backoff=backoff, sleep=sleep,
+                 clock=clock)
     event("healthy", node.name)
+
+
+def _uncordon(api: KubeApi, node: RollNode, event: Event, *, strict: bool) -> None:
+    try:
+        node_drain.set_unschedulable(api, node.name, False)
+    except (node_drain.DrainError, KubeApiError) as exc:
+        if strict:
+            raise RollError(node, f"upgraded and healthy, but still cordoned: uncordon failed: {exc}") from None
+        event(f"uncordon-failed ({exc})", node.name)
+        return
+    event("uncordoned", node.name)
 
 
 def roll(nodes: Iterable[RollNode], step: Callable[[RollNode], None], *,
