@@ -41,6 +41,19 @@ def has_unknowns(value: Any) -> bool:
     return False
 
 
+def with_integers(value: Any) -> Any:
+    """`value` with each whole-number float made an int again. The engine carries every number as a
+    protobuf double, so a patch's `mtu: 1420` reaches a dynamic provider as 1420.0, which Talos's
+    integer fields (and Go's YAML decoder) refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {key: with_integers(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [with_integers(item) for item in value]
+    return value
+
+
 def check_result(news: dict, property_name: str, error: Exception | None) -> dynamic.CheckResult:
     failures = [dynamic.CheckFailure(property_name, str(error))] if error else []
     return dynamic.CheckResult(news, failures)

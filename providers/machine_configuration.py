@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi.dynamic as dynamic
 
-from providers import check_result, has_unknowns
+from providers import check_result, has_unknowns, with_integers
 from talos_proxmox.settings.stack import cluster_rename_problem
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 from talos_proxmox.talos_config.redaction import redact_config
@@ -24,7 +24,8 @@ CONFIG_INPUTS = ("secrets", "cluster_name", "endpoint", "role", "talos_version",
 
 def render_config(props: Mapping[str, Any]) -> str:
     return machine_config.render(props["secrets"], props["cluster_name"], props["endpoint"], props["role"],
-                                 props["talos_version"], props["kubernetes_version"], props.get("patches") or [])
+                                 props["talos_version"], props["kubernetes_version"],
+                                 with_integers(props.get("patches") or []))
 
 
 def config_outputs(props: Mapping[str, Any], rendered: str) -> dict[str, Any]:

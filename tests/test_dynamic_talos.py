@@ -293,3 +293,18 @@ def test_serialized_providers_work_in_a_fresh_process(bundle):
     assert done.returncode == 0, done.stderr[-2000:]
     expected_sha = MachineConfigurationProvider().create(inputs).outs["config_sha256"]
     assert json.loads(done.stdout) == [["certs", "cluster", "secrets", "trustdinfo"], expected_sha, False, True]
+
+
+def test_whole_numbers_the_engine_sends_as_doubles_render_as_the_integers_they_were(bundle):
+    """Through the engine a patch's `mtu: 1420` arrives as 1420.0; Talos's integer fields refuse that."""
+    node = seed.nodes()[0]
+    inputs = _config_inputs(bundle, node)
+    as_doubles = {**inputs, "patches": [*inputs["patches"], {"apiVersion": "v1alpha1", "kind": "KubeSpanConfig",
+                                                              "enabled": True, "mtu": 1420.0},
+                                         {"machine": {"kubelet": {"extraMounts": [{
+                                             "destination": "/var/mnt", "type": "bind", "source": "/var/mnt",
+                                             "uidMappings": [{"containerID": 0.0, "hostID": 1000.0, "size": 1.0}]}]}}}]}
+    provider = MachineConfigurationProvider()
+    assert provider.check({}, as_doubles).failures == []
+    rendered = provider.create(as_doubles).outs["machine_configuration"]
+    assert "\nmtu: 1420\n" in rendered and "hostID: 1000\n" in rendered and "1420.0" not in rendered

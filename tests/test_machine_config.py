@@ -518,3 +518,27 @@ def test_a_json6902_patch_targets_the_v1alpha1_document_only():
     docs = _documents(bundle, [{"op": "add", "path": "/machine/sysctls", "value": {"a.b": "1"}}])
     assert _v1alpha1(talos_yaml.dump_documents(docs))["machine"]["sysctls"] == {"a.b": "1"}
     assert [d.get("kind") for d in docs[1:]] == ["HostnameConfig"]
+
+
+def test_a_documents_bytes_do_not_depend_on_the_order_its_patch_keys_arrive_in(bundle):
+    """The engine hands a dynamic provider each mapping in its own key order: the documents we write come
+    out in Talos's field order, any other document with its keys sorted throughout."""
+    link = {"apiVersion": "v1alpha1", "kind": "LinkConfig", "name": "net0", "up": True, "mtu": 1450,
+            "addresses": [{"address": "10.0.0.5/24", "routePriority": 10}], "routes": [{"gateway": "10.0.0.1"}]}
+    volume = {"apiVersion": "v1alpha1", "kind": "UserVolumeConfig", "name": "data",
+              "provisioning": {"minSize": "10GiB", "diskSelector": {"match": "!system_disk"}}}
+
+    def reversed_keys(value):
+        if isinstance(value, dict):
+            return {k: reversed_keys(value[k]) for k in reversed(list(value))}
+        return [reversed_keys(v) for v in value] if isinstance(value, list) else value
+
+    as_written = _render(bundle, patches=(DISK, link, volume))
+    assert _render(bundle, patches=(DISK, reversed_keys(link), reversed_keys(volume))) == as_written
+    documents = as_written.split("---\n")
+    [link_text] = [d for d in documents if "kind: LinkConfig" in d]
+    assert link_text == ("apiVersion: v1alpha1\nkind: LinkConfig\nname: net0\nup: true\nmtu: 1450\naddresses:\n"
+                         "    - address: 10.0.0.5/24\n      routePriority: 10\nroutes:\n    - gateway: 10.0.0.1\n")
+    [volume_text] = [d for d in documents if "kind: UserVolumeConfig" in d]
+    assert volume_text == ("apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n"
+                           "    diskSelector:\n        match: '!system_disk'\n    minSize: 10GiB\n")

@@ -583,9 +583,48 @@ def _omitted_when_empty(field, value: Any) -> bool:
         or (field.scalar == "i" and value == 0 and value is not False)
 
 
+# The key order Talos encodes the documents this program writes in (their Go structs' field order, as
+# in the published JSON schema), for the top level and for the mappings of a list field. The engine hands
+# a dynamic provider each mapping with its keys in its own order, so without this a config rendered by
+# `pulumi up` could differ from the offline render's; other documents get their keys sorted throughout.
+_DOCUMENT_KEY_ORDER: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
+    "HostnameConfig": (("auto", "hostname"), {}),
+    "KubeSpanConfig": (("enabled", "advertiseKubernetesNetworks", "allowDownPeerBypass", "harvestExtraEndpoints",
+                        "mtu", "filters"), {}),
+    "LinkAliasConfig": (("name", "selector"), {}),
+    "LinkConfig": (("name", "up", "mtu", "addresses", "routes", "multicast"),
+                   {"addresses": ("address", "routePriority"),
+                    "routes": ("destination", "gateway", "source", "metric", "mtu", "table")}),
+    "ResolverConfig": (("nameservers", "searchDomains"), {}),
+    "Layer2VIPConfig": (("name", "link"), {}),
+}
+
+
+def _ordered(mapping: Mapping, order: tuple[str, ...] = ()) -> dict:
+    """`mapping` with the keys of `order` first, in that order, then the rest sorted."""
+    return {**{k: mapping[k] for k in order if k in mapping}, **{k: mapping[k] for k in sorted(mapping) if k not in order}}
+
+
+def _sorted_throughout(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _sorted_throughout(v) for k, v in _ordered(value).items()}
+    if isinstance(value, list):
+        return [_sorted_throughout(item) for item in value]
+    return value
+
+
 def _normalize_other(document: dict) -> dict:
     head = {k: document[k] for k in ("apiVersion", "kind", "name") if k in document}
-    return {**head, **{k: v for k, v in document.items() if k not in head}}
+    rest = {k: v for k, v in document.items() if k not in head}
+    layout = _DOCUMENT_KEY_ORDER.get(document.get("kind"))
+    if layout is None:
+        return {**head, **_sorted_throughout(rest)}
+    order, items = layout
+    rest = _ordered(rest, order)
+    for field, item_order in items.items():
+        if isinstance(rest.get(field), list):
+            rest[field] = [_ordered(item, item_order) if isinstance(item, Mapping) else item for item in rest[field]]
+    return {**head, **rest}
 
 
 def _validate(v1alpha1: dict, role: str, errors: list[str]) -> None:
