@@ -110,6 +110,50 @@ def node_patches(node: dict, *, role_patches: dict | None = None) -> list:
     return [PATCH_INSTALL, role_patch, network_patch(node["mac"], node["ip"])]
 
 
+# The seed's network and KubeSpan as Talos 1.13's own documents instead of the deprecated
+# `machine.network` fields: what a person following today's Talos docs writes by hand.
+_KUBESPAN_CONFIG = """\
+apiVersion: v1alpha1
+kind: KubeSpanConfig
+enabled: true
+mtu: 1420
+advertiseKubernetesNetworks: false
+"""
+
+
+def network_documents(mac: str, address: str) -> str:
+    return f"""\
+apiVersion: v1alpha1
+kind: LinkAliasConfig
+name: net0
+selector:
+  match: mac(link.permanent_addr) == "{mac}"
+---
+apiVersion: v1alpha1
+kind: LinkConfig
+name: net0
+up: true
+addresses:
+  - address: {address}/24
+routes:
+  - gateway: 10.255.200.1
+---
+apiVersion: v1alpha1
+kind: ResolverConfig
+nameservers:
+  - address: 9.9.9.9
+"""
+
+
+def current_form_patches(node: dict) -> list:
+    """`node_patches` with the network and KubeSpan in those documents."""
+    cni_proxy = _KUBESPAN_CNI_PROXY[_KUBESPAN_CNI_PROXY.index("cluster:"):]
+    role_patch = {"controlplane": cni_proxy, "worker": cni_proxy,
+                  "worker-disk": "machine:\n" + _DATA_DISK_LINES + cni_proxy}
+    install, role, _network = node_patches(node, role_patches=role_patch)
+    return [install, role, _KUBESPAN_CONFIG, network_documents(node["mac"], node["ip"])]
+
+
 @functools.lru_cache(maxsize=1)
 def shared_bundle() -> dict:
     """One generated bundle per test session (RSA-4096 generation is the slow part)."""

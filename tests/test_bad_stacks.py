@@ -178,7 +178,7 @@ BAD_STACKS = [
     ({"cluster.patches": [{"machine": {"time": {"servers": "pool.ntp.org"}}}]},
      'talos-proxmox:cluster.patches[0]: nodes dev-cp-1, dev-worker-1: leaves the machine config invalid: machine.time.servers: expected a list, got a scalar'),
     ({"cluster.patches": [{"machine": {"network": {"interfaces": [{"interface": "eth0", "dhcp": "yes"}]}}}]},
-     'talos-proxmox:cluster.patches[0]: nodes dev-cp-1, dev-worker-1: leaves the machine config invalid: machine.network.interfaces[1].dhcp: expected true or false, got a string'),
+     'talos-proxmox:cluster.patches[0]: nodes dev-cp-1, dev-worker-1: leaves the machine config invalid: machine.network.interfaces[0].dhcp: expected true or false, got a string'),
     ({"cluster.rolePatches": {"master": []}},
      'talos-proxmox:cluster.rolePatches.master: [] is not a known key (expected one of: controlplane, worker)'),
     ({"cluster.rolePatches": "x"},

@@ -121,8 +121,8 @@ def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
 
     assert config.inputs["role"] == "controlplane"
     assert {"machine": {"install": {"disk": "/dev/sda", "image": INSTALLER}}} in config.inputs["patches"]
-    assert any(p.get("machine", {}).get("network", {}).get("interfaces", [{}])[0].get("deviceSelector")
-               == {"hardwareAddr": "bc:24:11:80:a1:9c"} for p in config.inputs["patches"] if isinstance(p, dict))
+    assert {"apiVersion": "v1alpha1", "kind": "LinkAliasConfig", "name": "net0",
+            "selector": {"match": 'mac(link.permanent_addr) == "bc:24:11:80:a1:9c"'}} in config.inputs["patches"]
     assert "machine_configuration" in config.additional_secret_outputs
 
     assert (lifecycle.inputs["address"], lifecycle.inputs["role"]) == ("10.255.200.202", "controlplane")

@@ -5,12 +5,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from talos_proxmox.talos_config.machine_config import render
-from talos_proxmox.cluster_plan.node_patches import hostname_patch, node_patches
+from talos_proxmox.talos_config.machine_config import parse_config, render
+from talos_proxmox.cluster_plan.node_patches import hostname_patch, kubespan_patch, node_patches
 from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests import seed_cluster
 
 STACKS = Path(__file__).resolve().parent.parent / "stacks"
+NETWORK_KINDS = ("KubeSpanConfig", "LinkAliasConfig", "LinkConfig", "ResolverConfig", "Layer2VIPConfig")
 INSTALLER = seed_cluster.INSTALLER
 
 
@@ -29,28 +30,58 @@ def test_seed_patches_for_master_1_and_a_data_disk_worker():
     patches = by_node(settings(ccm={"enabled": False}))
     master = patches["master-1"]
     assert master[0] == yaml.safe_load(seed_cluster.PATCH_INSTALL)
-    assert master[2] == yaml.safe_load(seed_cluster.PATCH_CONTROLPLANE)
-    assert master[3] == yaml.safe_load(seed_cluster.network_patch("bc:24:11:80:a1:9b", "10.255.200.201"))
-    assert master[4] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"},
+    current = [list(yaml.safe_load_all(text)) for text in seed_cluster.current_form_patches(seed_cluster.nodes()[0])]
+    assert master[2] == current[1][0]  # discovery, no default CNI, no kube-proxy
+    assert master[3] == current[2][0]  # the KubeSpanConfig document
+    assert master[4:7] == current[3]  # LinkAliasConfig by MAC, LinkConfig, ResolverConfig
+    assert master[4]["selector"] == {"match": 'mac(link.permanent_addr) == "bc:24:11:80:a1:9b"'}
+    assert master[5]["addresses"] == [{"address": "10.255.200.201/24"}]
+    assert master[7] == {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"},
                          "hostname": "master-1"}
-    assert len(master) == 5
+    assert len(master) == 8
     worker = patches["worker-1"]
     assert yaml.safe_load(seed_cluster.PATCH_WORKER_WITH_DISK) == {
-        "machine": {**worker[5]["machine"], **worker[2]["machine"]}, "cluster": worker[2]["cluster"]}
-    assert len(patches["worker-4"]) == 5  # no disk, no modules: nothing beyond the common set
+        "machine": {**worker[8]["machine"], "network": {"kubespan": {
+            key: value for key, value in worker[3].items() if key not in ("apiVersion", "kind")}}},
+        "cluster": worker[2]["cluster"]}
+    assert len(patches["worker-4"]) == 8  # no disk, no modules: nothing beyond the common set
+
+
+def test_kubespan_is_a_document_from_v1_13_and_the_v1alpha1_field_under_v1_12():
+    fields = {"enabled": True, "mtu": 1420, "advertiseKubernetesNetworks": False}
+    assert kubespan_patch(settings()) == {"apiVersion": "v1alpha1", "kind": "KubeSpanConfig", **fields}
+    assert kubespan_patch(settings(cluster={"talosVersion": "v1.12.9"})) == {"machine": {"network": {"kubespan": fields}}}
+    assert kubespan_patch(settings("dev")) is None  # KubeSpan off in dev
 
 
 @pytest.mark.parametrize("index", range(9))
-def test_stack_renders_exactly_what_the_seeds_hand_patches_render(index):
-    """From the stack file to the final machine config, the seed's nine nodes come out as by hand."""
+def test_stack_renders_exactly_what_the_seeds_hand_patches_render_in_todays_documents(index):
+    """From the stack file to the final machine config, the seed's nine nodes come out as by hand, with
+    the seed's network and KubeSpan written as Talos 1.13's documents (a deliberate difference from the
+    seed, which uses the deprecated `machine.network` fields): the same config otherwise."""
     s = settings(ccm={"enabled": False})
     node, seed_node = s.nodes[index], seed_cluster.nodes()[index]
     assert (node.name, node.ip, node.mac) == (seed_node["name"], seed_node["ip"], seed_node["mac"])
     bundle = seed_cluster.shared_bundle()
     common = (bundle, s.cluster.name, s.cluster.endpoint, node.role, s.cluster.talos_version,
               s.cluster.kubernetes_version)
-    by_hand = seed_cluster.node_patches(seed_node) + [hostname_patch(node)]
-    assert render(*common, node_patches(s, node, INSTALLER)) == render(*common, by_hand)
+    ours = render(*common, node_patches(s, node, INSTALLER))
+    assert ours == render(*common, seed_cluster.current_form_patches(seed_node) + [hostname_patch(node)])
+    seeds = parse_config(render(*common, seed_cluster.node_patches(seed_node) + [hostname_patch(node)]))
+    moved = [doc for doc in parse_config(ours) if doc.get("kind") in NETWORK_KINDS]
+    assert [doc["kind"] for doc in moved] == ["KubeSpanConfig", "LinkAliasConfig", "LinkConfig", "ResolverConfig"]
+    # what moved is all that differs from the seed's own form
+    [seed_v1alpha1] = [doc for doc in seeds if doc.get("version") == "v1alpha1"]
+    [our_v1alpha1] = [doc for doc in parse_config(ours) if doc.get("version") == "v1alpha1"]
+    assert seed_v1alpha1["machine"].pop("network") == {
+        "interfaces": [{"deviceSelector": {"hardwareAddr": node.mac}, "addresses": [f"{node.ip}/24"],
+                        "routes": [{"network": "0.0.0.0/0", "gateway": "10.255.200.1"}], "dhcp": False}],
+        "nameservers": ["9.9.9.9"], "kubespan": {"enabled": True, "mtu": 1420, "advertiseKubernetesNetworks": False}}
+    assert "network" not in our_v1alpha1["machine"] and our_v1alpha1 == seed_v1alpha1
+
+    def others(documents):
+        return [doc for doc in documents if doc.get("version") != "v1alpha1" and doc.get("kind") not in NETWORK_KINDS]
+    assert others(parse_config(ours)) == others(seeds)
 
 
 def test_cluster_network_is_replaced_not_appended():
@@ -65,7 +96,7 @@ def test_cluster_network_is_replaced_not_appended():
 def test_ccm_settings_on_every_node_and_talos_api_access_on_control_planes_only():
     patches = by_node(settings())
     for name, plist in patches.items():
-        ccm = plist[3]
+        ccm = plist[4]  # after install, cluster network, features, KubeSpan
         assert ccm["machine"]["kubelet"]["extraArgs"] == {
             "cloud-provider": "external", "rotate-server-certificates": "true"}
         access = ccm["machine"].get("features", {}).get("kubernetesTalosAPIAccess")
@@ -76,15 +107,16 @@ def test_ccm_settings_on_every_node_and_talos_api_access_on_control_planes_only(
             assert access is None
 
 
-def test_vip_goes_on_control_plane_interfaces_only():
+def test_vip_goes_on_control_plane_links_only():
     s = settings("dev")
     cp, worker = (node_patches(s, n, INSTALLER) for n in s.nodes)
-    net = lambda plist: next(p for p in plist if isinstance(p, dict) and "interfaces" in p.get("machine", {}).get("network", {}))
-    assert net(cp)["machine"]["network"]["interfaces"][0]["vip"] == {"ip": "10.10.0.50"}
-    assert "vip" not in net(worker)["machine"]["network"]["interfaces"][0]
-    # KubeSpan is off in dev, so the common patch carries no machine section.
+    vips = lambda plist: [p for p in plist if isinstance(p, dict) and p.get("kind") == "Layer2VIPConfig"]
+    assert vips(cp) == [{"apiVersion": "v1alpha1", "kind": "Layer2VIPConfig", "name": "10.10.0.50", "link": "net0"}]
+    assert vips(worker) == []
+    # KubeSpan is off in dev: no KubeSpanConfig, and the common patch is the cluster section only.
     assert cp[2] == {"cluster": {"discovery": {"enabled": True}, "network": {"cni": {"name": "none"}},
                                  "proxy": {"disabled": True}}}
+    assert not [p for p in cp + worker if isinstance(p, dict) and p.get("kind") == "KubeSpanConfig"]
 
 
 def test_user_patches_come_last_cluster_then_role_then_node():
@@ -101,7 +133,7 @@ def test_user_patches_come_last_cluster_then_role_then_node():
 
 def test_ccm_node_ipam_turns_off_the_controller_managers_own_allocator_on_control_planes():
     patches = by_node(settings(ccm={"nodeIpam": {"cidrAllocatorType": "CloudAllocator"}}))
-    assert patches["master-2"][3]["cluster"] == {
+    assert patches["master-2"][4]["cluster"] == {
         "controllerManager": {"extraArgs": {"controllers": "*,tokencleaner,-node-ipam-controller"}}}
-    assert "cluster" not in patches["worker-2"][3]
-    assert "cluster" not in by_node(settings())["master-2"][3]
+    assert "cluster" not in patches["worker-2"][4]
+    assert "cluster" not in by_node(settings())["master-2"][4]

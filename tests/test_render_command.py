@@ -60,9 +60,10 @@ def test_node_configs_carry_role_installer_mac_and_data_disk(rendered):
     assert master["machine"]["install"] == {
         "disk": "/dev/sda", "image": f"factory.talos.dev/installer/{SEED_SCHEMATIC_ID}:v1.13.7",
         **{k: v for k, v in master["machine"]["install"].items() if k not in ("disk", "image")}}
-    [iface] = master["machine"]["network"]["interfaces"]
-    assert iface["deviceSelector"] == {"hardwareAddr": "bc:24:11:80:a1:9b"}
-    assert iface["addresses"] == ["10.255.200.201/24"]
+    documents = {d.get("kind"): d for d in machine_config.parse_config((rendered / "master-1.yaml").read_text())}
+    assert documents["LinkAliasConfig"]["selector"] == {"match": 'mac(link.permanent_addr) == "bc:24:11:80:a1:9b"'}
+    assert documents["LinkConfig"]["addresses"] == [{"address": "10.255.200.201/24"}]
+    assert "network" not in master["machine"]
     assert master["cluster"]["controlPlane"]["endpoint"] == "https://10.255.200.201:6443"
 
     worker = v1alpha1(rendered / "worker-1.yaml")

@@ -25,7 +25,7 @@ SCHEMAS = Path(__file__).resolve().parent / "data" / "talos-schemas"
 RELEASES = {"v1.12": "v1.12.9", "v1.13": "v1.13.7"}
 # Deprecated v1alpha1 fields we still render (to move to LinkConfig/ResolverConfig/KubeSpanConfig and
 # UserVolumeConfig documents); nothing else may fall outside the schema.
-DEPRECATED_FIELDS = (("persist",), ("machine", "network"), ("machine", "disks"))
+DEPRECATED_FIELDS = (("persist",), ("machine", "disks"))
 
 VARIANTS = {
     "test-cluster": ("test-cluster", {}),
@@ -109,7 +109,7 @@ def test_the_deprecated_fields_are_the_only_deviation_and_the_schema_sees_them(b
         settings, worker, image_facts(settings).installer_image))
     v1alpha1 = machine_config.parse_config(text)[0]
     assert describe(validators["v1.13"].errors(v1alpha1)) == (
-        "$: additionalProperties ['persist']; $.machine: additionalProperties ['disks', 'network']")
+        "$: additionalProperties ['persist']; $.machine: additionalProperties ['disks']")
     # And a field the schema does not know is caught, with its path.
     v1alpha1["machine"]["kubelet"]["extraArgz"] = {}
     assert "$.machine.kubelet: additionalProperties ['extraArgz']" in describe(validators["v1.13"].errors(v1alpha1))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from talos_proxmox.settings.stack import NodeSettings, Settings
+from talos_proxmox.talos_config.machine_config import parse_talos_version
 
 # What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).
 CCM_KUBELET_ARGS = {"cloud-provider": "external", "rotate-server-certificates": "true"}
@@ -36,20 +37,25 @@ def cluster_network_patch(settings: Settings) -> list[dict]:
 
 
 def cluster_features_patch(settings: Settings) -> dict:
-    """KubeSpan, discovery, and what Cilium's kube-proxy replacement needs: no default CNI, no kube-proxy."""
+    """Discovery, and what Cilium's kube-proxy replacement needs: no default CNI, no kube-proxy."""
     c = settings.cluster
-    machine: dict[str, Any] = {}
     cluster: dict[str, Any] = {"discovery": {"enabled": c.discovery}}
-    if c.kubespan.enabled:
-        machine["network"] = {"kubespan": {
-            "enabled": True,
-            "mtu": c.kubespan.mtu,
-            "advertiseKubernetesNetworks": c.kubespan.advertise_kubernetes_networks,
-        }}
     if settings.cilium.enabled:
         cluster["network"] = {"cni": {"name": "none"}}
         cluster["proxy"] = {"disabled": True}
-    return {"machine": machine, "cluster": cluster} if machine else {"cluster": cluster}
+    return {"cluster": cluster}
+
+
+def kubespan_patch(settings: Settings) -> dict | None:
+    """KubeSpan in the form of the node's contract: its own KubeSpanConfig document from v1.13, which
+    leaves `machine.network.kubespan` out of its schema; under v1.12 that field, the only form there is."""
+    kubespan = settings.cluster.kubespan
+    if not kubespan.enabled:
+        return None
+    fields = {"enabled": True, "mtu": kubespan.mtu, "advertiseKubernetesNetworks": kubespan.advertise_kubernetes_networks}
+    if parse_talos_version(settings.cluster.talos_version)[0] >= (1, 13):
+        return {"apiVersion": "v1alpha1", "kind": "KubeSpanConfig", **fields}
+    return {"machine": {"network": {"kubespan": fields}}}
 
 
 # With the CCM allocating pod CIDRs, kube-controller-manager must stop doing it too (CCM docs).
@@ -68,19 +74,29 @@ def ccm_patch(role: str, node_ipam: bool) -> dict:
     return patch
 
 
-def node_network_patch(node: NodeSettings, vip: str | None) -> dict:
-    """A static interface picked by MAC (stable whatever order the NICs appear in), as in the seed."""
-    interface: dict[str, Any] = {
-        "deviceSelector": {"hardwareAddr": node.mac},
-        "addresses": [node.address],
-        "routes": [{"network": "0.0.0.0/0" if ":" not in node.gateway else "::/0", "gateway": node.gateway}],
-        "dhcp": False,
-    }
+LINK_ALIAS = "net0"  # the node's one NIC, found by MAC, under a name no kernel gives an interface
+
+
+def node_network_patch(node: NodeSettings, vip: str | None) -> list[dict]:
+    """The node's static network as the network documents of contracts v1.12 and v1.13 (which mark
+    `machine.network.interfaces` and `nameservers` deprecated): the NIC aliased by its MAC (stable
+    whatever order the NICs appear in), its address, default route and MTU, the nameservers, and the
+    control planes' shared VIP on it. A link with a LinkConfig gets no default DHCP."""
+    link: dict[str, Any] = {"apiVersion": "v1alpha1", "kind": "LinkConfig", "name": LINK_ALIAS, "up": True}
     if node.mtu is not None:
-        interface["mtu"] = node.mtu
+        link["mtu"] = node.mtu
+    link["addresses"] = [{"address": node.address}]
+    link["routes"] = [{"gateway": node.gateway}]  # no destination: the default route of the gateway's family
+    documents = [
+        {"apiVersion": "v1alpha1", "kind": "LinkAliasConfig", "name": LINK_ALIAS,
+         "selector": {"match": f'mac(link.permanent_addr) == "{node.mac}"'}},
+        link,
+        {"apiVersion": "v1alpha1", "kind": "ResolverConfig",
+         "nameservers": [{"address": nameserver} for nameserver in node.nameservers]},
+    ]
     if vip is not None and node.role == "controlplane":
-        interface["vip"] = {"ip": vip}
-    return {"machine": {"network": {"interfaces": [interface], "nameservers": list(node.nameservers)}}}
+        documents.append({"apiVersion": "v1alpha1", "kind": "Layer2VIPConfig", "name": vip, "link": LINK_ALIAS})
+    return documents
 
 
 def hostname_patch(node: NodeSettings) -> dict:
@@ -120,9 +136,12 @@ def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image
         cluster_network_patch(settings),
         cluster_features_patch(settings),
     ]
+    kubespan = kubespan_patch(settings)
+    if kubespan is not None:
+        derived.append(kubespan)
     if settings.ccm.enabled:
         derived.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
-    derived.append(node_network_patch(node, settings.cluster.vip))
+    derived.extend(node_network_patch(node, settings.cluster.vip))
     derived.append(hostname_patch(node))
     storage = node_storage_patch(node)
     if storage is not None:
