@@ -19,12 +19,15 @@ printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +52,8 @@ MODULES = {
                 ["tests/test_rolling_upgrade.py", "tests/test_talos_health.py", "tests/test_node_lifecycle.py"]),
     "removal": (["talos_proxmox/day_two/node_removal.py"], ["tests/test_node_removal.py"]),
 }
+STARTUP_SECONDS = 30  # a fresh pytest's imports and collection, on a loaded 2-core machine
+TIMED_OUT = 36  # mutmut's exit code for a timeout
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a failing test, an internal pytest error, or a timeout (mutmut's codes)
 SURVIVED = 0
 
@@ -101,17 +106,46 @@ def run(module: str, children: int) -> None:
 
 
 def _fresh_test_processes() -> None:
-    """mutmut's command line, with each mutant's tests run in a new pytest process (see the module doc)."""
+    """mutmut's command line, with each mutant's tests run in a new pytest process (see the module doc).
+
+    mutmut's wall-clock limit for a mutant is 15 times its tests' own time plus one second, made for
+    tests run in the forked process itself; a fresh pytest first spends seconds importing, so the limit
+    here also allows STARTUP_SECONDS. At the limit mutmut signals the forked process (SIGXCPU); it then
+    ends its pytest's whole process group, which would otherwise run on and slow every later mutant."""
     from mutmut import __main__ as mutmut_main
 
     def run_tests(self, *, mutant_name, tests):
         args = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                 *(tests or self._pytest_add_cli_args_test_selection)]
         env = {**os.environ, "MUTANT_UNDER_TEST": mutant_name or ""}
-        return subprocess.run(args, cwd="mutants", env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, check=False).returncode
+        child = subprocess.Popen(args, cwd="mutants", env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+
+        def timed_out(_signum, _frame):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            os._exit(TIMED_OUT)
+
+        signal.signal(signal.SIGXCPU, timed_out)
+        return child.wait()
+
+    def timeout_checker(mutants):
+        def check_every_second():
+            while True:
+                time.sleep(1)
+                now = datetime.now()
+                for data, name, _result in mutants:
+                    with mutmut_main.START_TIMES_BY_PID_LOCK:
+                        started = dict(data.start_time_by_pid)
+                    limit = (data.estimated_time_of_tests_by_mutant[name] + 1) * 15 + STARTUP_SECONDS
+                    for pid, start in started.items():
+                        if (now - start).total_seconds() > limit:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.kill(pid, signal.SIGXCPU)
+        return check_every_second
 
     mutmut_main.PytestRunner.run_tests = run_tests
+    mutmut_main.timeout_checker = timeout_checker
     sys.argv = ["mutmut", *sys.argv[2:]]
     mutmut_main.cli()
 

@@ -195,6 +195,7 @@ class FakeTalosNode:
         self.on_power_off: Callable[[], None] | None = None
         self.unmet_conditions: list[dict] = []
         self.calls: list[RecordedCall] = []
+        self.refused_handshakes = 0  # TLS handshakes that failed, e.g. a configured node asked without a client cert
         # Other nodes of a stand-in cluster by address: a `node` call naming one is answered by it, as
         # apid proxies it (tests.day_two.stand_in_cluster fills this).
         self.peers: dict[str, "FakeTalosNode"] = {}
@@ -340,6 +341,7 @@ class FakeTalosNode:
             tls = context.wrap_socket(conn, server_side=True)  # detaches conn
             tls.settimeout(None)
         except (OSError, ssl.SSLError):
+            self.refused_handshakes += 1
             conn.close()
             return
         peer = tls.getpeercert() or {}

@@ -13,6 +13,7 @@ from talos_proxmox.talos_config import client_config
 from talos_proxmox.talos_api import operations
 from providers import talos_operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import Backoff, GaveUp
 from tests.day_two import FAST, FakeClock
 from tests.mocked_program import run_program, stack_config
@@ -424,3 +425,164 @@ def test_the_credentials_hash_keeps_the_form_earlier_states_stored():
     credentials = operations.read_talosconfig(_talosconfig()).credentials
     expected = hashlib.sha256(credentials.ca_pem + b"\0" + credentials.cert_pem + b"\0" + credentials.key_pem)
     assert operations.credentials_sha256(_talosconfig()) == expected.hexdigest()
+
+
+# --- each wait uses the backoff, clock and sleep it is given, and names itself --------------------
+
+SLOW_TO_TELL = Backoff(initial=1.0, factor=3.0, maximum=7.0)  # unlike any default, so its use shows
+
+
+def _mtls(node: FakeTalosNode) -> TalosClient:
+    return TalosClient([node.endpoint], credentials=read_talosconfig(_talosconfig()).credentials, node="127.0.0.1")
+
+
+def _apply_timed(node: FakeTalosNode, clock: FakeClock, **kwargs):
+    return operations.apply_machine_configuration(
+        "127.0.0.1", CONFIG, _talosconfig(), endpoint=node.endpoint, **{
+            "mode": "no-reboot", "insecure_first": False, "timeout": 30, "backoff": SLOW_TO_TELL,
+            "sleep": clock.sleep, "clock": clock, **kwargs})
+
+
+@pytest.mark.parametrize("case", ["apply", "apply then wait", "reboot", "reboot never starts", "bootstrap",
+                                  "wait until ready", "went down", "wait until down"])
+def test_each_wait_goes_through_the_given_backoff_clock_and_sleep_and_names_itself(configured_node, case):
+    node, clock = configured_node, FakeClock()
+    if case == "apply":
+        node.go_down()
+        with pytest.raises(GaveUp, match=r"^apply configuration to 127\.0\.0\.1: gave up after 30s"):
+            _apply_timed(node, clock)
+    elif case == "apply then wait":
+        node.fail_next("Version", grpc.StatusCode.UNAVAILABLE, "rebooting", times=1000)  # applied, then away
+        with pytest.raises(GaveUp, match=r"^wait for 127\.0\.0\.1 after apply: gave up after 30s"):
+            _apply_timed(node, clock)
+    elif case == "reboot":
+        node.fail_next("Reboot", grpc.StatusCode.UNAVAILABLE, "connection reset", times=1000)
+        with pytest.raises(GaveUp, match=r"^reboot 127\.0\.0\.1: gave up after "):
+            _apply_timed(node, clock, mode="reboot")
+    elif case == "reboot never starts":
+        node.auto_needs_reboot = True
+        node.behaviours["ApplyConfiguration"] = lambda n, r, c: machine_pb2.ApplyConfigurationResponse(
+            messages=[machine_pb2.ApplyConfiguration(mode=machine_pb2.ApplyConfigurationRequest.REBOOT)])
+        with pytest.raises(TimeoutError, match=r"^node 127\.0\.0\.1 said the configuration needs a reboot but kept "
+                                               r"answering for 30s without going down$"):
+            _apply_timed(node, clock, mode="auto")
+    elif case == "bootstrap":
+        node.go_down()
+        with pytest.raises(GaveUp, match=r"^bootstrap etcd on 127\.0\.0\.1: gave up after 30s"):
+            operations.bootstrap_etcd("127.0.0.1", _talosconfig(), endpoint=node.endpoint, timeout=30,
+                                      backoff=SLOW_TO_TELL, sleep=clock.sleep, clock=clock)
+    elif case == "wait until ready":
+        node.go_down()
+        with _mtls(node) as client, pytest.raises(GaveUp, match=r"^waiting for the stand-in: gave up after 30s"):
+            operations.wait_until_ready(client, timeout=30, what="waiting for the stand-in", backoff=SLOW_TO_TELL,
+                                        sleep=clock.sleep, clock=clock)
+    elif case == "went down":
+        with _mtls(node) as client:
+            assert operations.went_down(client, "cp-9", timeout=30, backoff=SLOW_TO_TELL, sleep=clock.sleep,
+                                        clock=clock) is False
+    else:
+        with _mtls(node) as client, pytest.raises(TimeoutError, match=r"^node cp-9 said the configuration needs a "
+                                                                       r"reboot but kept answering for 30s"):
+            operations.wait_until_down(client, "cp-9", timeout=30, backoff=SLOW_TO_TELL, sleep=clock.sleep,
+                                       clock=clock)
+    assert clock.slept_as(SLOW_TO_TELL, within=30), clock.slept
+
+
+def test_a_wait_left_no_time_by_the_apply_says_it_had_none(configured_node):
+    """The time left after the apply is what the wait for the node gets: none, here, not a second more."""
+    clock = FakeClock()
+
+    def apply_taking_all_the_time(node, request, context):
+        clock.now += 30
+        return FakeTalosNode._rpc_ApplyConfiguration(node, request, context)
+
+    configured_node.behaviours["ApplyConfiguration"] = apply_taking_all_the_time
+    configured_node.fail_next("Version", grpc.StatusCode.UNAVAILABLE, "rebooting", times=1000)
+    with pytest.raises(GaveUp, match=r"^wait for 127\.0\.0\.1 after apply: gave up after 0s and 1 attempts"):
+        _apply_timed(configured_node, clock)
+
+
+@pytest.mark.parametrize("case", ["insecure apply", "mtls apply", "reboot", "bootstrap", "version", "went down"])
+def test_a_hung_call_is_bounded_by_the_time_left(maintenance_node, configured_node, case):
+    """One RPC gets at most what is left of the operation, never the client's own 60 s."""
+    node = maintenance_node if case == "insecure apply" else configured_node
+    rpc = {"insecure apply": "ApplyConfiguration", "mtls apply": "ApplyConfiguration", "reboot": "Reboot",
+           "bootstrap": "Bootstrap", "version": "Version", "went down": "Version"}[case]
+    node.delays[rpc] = 10.0
+    started = time.monotonic()
+    if case == "went down":
+        with _mtls(node) as client:
+            assert operations.went_down(client, "cp-9", timeout=1.0, backoff=FAST) is True  # no answer in time
+    else:
+        with pytest.raises((GaveUp, operations.errors.TalosApiError)):
+            if case == "bootstrap":
+                operations.bootstrap_etcd("127.0.0.1", _talosconfig(), endpoint=node.endpoint, timeout=1.0, backoff=FAST)
+            elif case == "version":
+                with _mtls(node) as client:
+                    operations.wait_until_ready(client, timeout=1.0, what="wait", backoff=FAST)
+            else:
+                operations.apply_machine_configuration(
+                    "127.0.0.1", CONFIG, _talosconfig(), endpoint=node.endpoint, timeout=1.0, backoff=FAST,
+                    insecure_first=case == "insecure apply", mode="reboot" if case == "reboot" else "no-reboot")
+    assert time.monotonic() - started < 5
+    assert node.calls_for(rpc)
+
+
+def test_retries_after_a_refused_insecure_apply_go_straight_to_mtls(configured_node):
+    configured_node.fail_next("ApplyConfiguration", grpc.StatusCode.UNAVAILABLE, "connection reset", times=2)
+    outcome = operations.apply_machine_configuration("127.0.0.1", CONFIG, _talosconfig(),
+                                                     endpoint=configured_node.endpoint, timeout=10, backoff=FAST)
+    assert outcome.via == "mtls" and len(configured_node.calls_for("ApplyConfiguration")) == 3
+    assert configured_node.refused_handshakes == 1  # the one insecure try; the retries were mTLS only
+
+
+def test_an_empty_apply_reply_is_an_outcome_without_details(configured_node):
+    configured_node.behaviours["ApplyConfiguration"] = lambda n, r, c: machine_pb2.ApplyConfigurationResponse()
+    outcome = operations.apply_machine_configuration("127.0.0.1", CONFIG, _talosconfig(), insecure_first=False,
+                                                     endpoint=configured_node.endpoint, timeout=10, backoff=FAST)
+    assert (outcome.via, outcome.mode_details, outcome.warnings, outcome.rebooted) == ("mtls", "", (), False)
+
+
+def test_a_version_reply_without_messages_is_an_empty_tag(configured_node):
+    configured_node.behaviours["Version"] = lambda n, r, c: machine_pb2.VersionResponse()
+    with _mtls(configured_node) as client:
+        assert operations.wait_until_ready(client, timeout=5, what="wait", backoff=FAST) == ""
+
+
+def test_errors_without_a_code_or_explanation_are_not_waited_on():
+    class Coded(Exception):
+        def __init__(self, code):
+            super().__init__("x")
+            self.code = code
+
+    assert operations._transient_apply(ValueError("no code")) is False
+    assert operations._transient_apply(Coded(grpc.StatusCode.FAILED_PRECONDITION)) is False
+    assert operations._not_ready_yet(Coded(grpc.StatusCode.UNIMPLEMENTED)) is False
+    with pytest.raises(ValueError, match=r"^mode 'fast' is not supported; expected one of auto, no-reboot, "):
+        operations.check_mode("fast")
+
+
+def test_every_install_wait_runs_at_once_on_its_own_named_thread(monkeypatch):
+    """However many nodes, all wait side by side (a pool smaller than the nodes would not pass the
+    barrier), with the backoff given (the default here would give up at the first refusal)."""
+    monkeypatch.setattr(operations, "DEFAULT_BACKOFF", Backoff(initial=1000.0, factor=1.0, maximum=1000.0))
+    nodes = {f"node-{i}": f"10.0.0.{i}" for i in range(12)}
+    barrier, threads = threading.Barrier(len(nodes)), []
+    node = FakeTalosNode(shared_bundle(), mode="configured")
+    node.fail_next("Version", grpc.StatusCode.UNAVAILABLE, "rebooting", times=len(nodes))
+    try:
+        def client_for(address):
+            threads.append(threading.current_thread().name)
+            barrier.wait(timeout=10)
+            return _mtls(node)
+
+        tags = operations.wait_until_all_ready(nodes, client_for, timeout=10, backoff=FAST)
+        assert tags == dict.fromkeys(nodes, "v1.11.5")
+        assert len(threads) == 12 and all(name.startswith("install-wait") for name in threads)
+    finally:
+        node.stop()
+
+
+def test_nodes_not_ready_names_each_node_and_why():
+    error = operations.NodesNotReady({"cp-1": "gave up", "cp-2": "refused"}, ready=("w-1",))
+    assert str(error) == "2 of 3 nodes did not come up configured: node cp-1: gave up; node cp-2: refused"
