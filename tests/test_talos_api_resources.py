@@ -268,7 +268,8 @@ def test_bootstrap_twice_is_success_both_times(configured_node):
     first = talos_operations.BootstrapProvider().create(_props(configured_node))
     second = talos_operations.BootstrapProvider().create(_props(configured_node))
     assert (first.outs["already_bootstrapped"], second.outs["already_bootstrapped"]) == (False, True)
-    assert len(configured_node.calls_for("Bootstrap")) == 2
+    calls = configured_node.calls_for("Bootstrap")
+    assert len(calls) == 2 and all(call.metadata.get("node") == ["127.0.0.1"] for call in calls)  # that node, by name
     _assert_no_secrets(first.outs)
 
 
@@ -581,6 +582,19 @@ def test_every_install_wait_runs_at_once_on_its_own_named_thread(monkeypatch):
         assert len(threads) == 12 and all(name.startswith("install-wait") for name in threads)
     finally:
         node.stop()
+
+
+def test_a_node_that_never_comes_up_is_named_with_its_own_wait(monkeypatch):
+    node = FakeTalosNode(shared_bundle(), mode="configured")
+    node.go_down()
+    try:
+        with pytest.raises(operations.NodesNotReady) as failed:
+            operations.wait_until_all_ready({"node-1": "10.0.0.1"}, lambda _address: _mtls(node), timeout=0.3,
+                                            backoff=FAST)
+    finally:
+        node.stop()
+    assert list(failed.value.failed) == ["node-1"] and failed.value.ready == ()
+    assert failed.value.failed["node-1"].startswith("wait for node-1 to install: gave up after 0.3s and ")
 
 
 def test_nodes_not_ready_names_each_node_and_why():
