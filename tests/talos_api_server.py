@@ -506,8 +506,9 @@ class FakeTalosNode:
             timeout = request.try_mode_timeout.ToTimedelta() if request.HasField("try_mode_timeout") else "1m0s"
             details += f"\nThe config is applied in 'try' mode and will be automatically reverted back in {timeout}"
         if self.mode == "maintenance":
-            # a maintenance node installs and reboots into the applied configuration
-            self.reboot(self.install_downtime, mode="configured")
+            # a maintenance node installs and reboots into the applied configuration; the install keeps
+            # it on the network for a while after the reply, so the reply is not lost under load
+            self.reboot(self.install_downtime, mode="configured", after=0.3)
         elif reboot_after:
             self.reboot(self.install_downtime, after=0.3)  # a moment after the reply, as machined does
         return machine_pb2.ApplyConfigurationResponse(messages=[machine_pb2.ApplyConfiguration(
