@@ -106,6 +106,8 @@ class StandInApi:
         self.pods: list[dict] = []
         self.unschedulable: dict[str, bool] = {}
         self.evictions_refused: dict[str, int] = {}
+        self.lingering: dict[str, int] = {}  # pod name -> how many more pod lists show it once evicted (terminating)
+        self.terminating: list[dict] = []
         # (time.monotonic(), "METHOD path", JSON body) of every PATCH and POST, in order; the time is the
         # clock FakeTalosNode's RecordedCall.at uses, so calls to both sides can be put in one order.
         self.changes: list[tuple[float, str, dict]] = []
@@ -142,8 +144,13 @@ class StandInApi:
                 if path == ALL_PODS_PATH:
                     selector = parse_qs(query).get("fieldSelector", [""])[0]
                     on = selector.removeprefix("spec.nodeName=")
-                    return self._send(200, {"kind": "PodList",
-                                            "items": [p for p in api.pods if p["spec"].get("nodeName") == on]})
+                    listed = [p for p in api.pods + api.terminating if p["spec"].get("nodeName") == on]
+                    for pod in list(api.terminating):
+                        name = pod["metadata"]["name"]
+                        api.lingering[name] -= 1
+                        if api.lingering[name] <= 0:
+                            api.terminating.remove(pod)
+                    return self._send(200, {"kind": "PodList", "items": listed})
                 if path == SECRETS_PATH:
                     wanted = dict(pair.split("=", 1) for pair in
                                   parse_qs(query).get("labelSelector", [""])[0].split(",") if pair)
@@ -194,6 +201,8 @@ class StandInApi:
                     return self._send(429, {"kind": "Status", "reason": "TooManyRequests",
                                             "message": "Cannot evict pod as it would violate the pod's disruption budget."})
                 api.pods.remove(pod)
+                if api.lingering.get(name, 0) > 0:
+                    api.terminating.append(pod)
                 return self._send(201, {"kind": "Status", "status": "Success"})
 
             def do_DELETE(self):

@@ -78,15 +78,26 @@ def test_an_eviction_a_disruption_budget_refuses_is_asked_again(api):
 
 
 def test_a_drain_that_cannot_finish_names_the_node_and_the_pods_left(api):
-    api.pods = [workload_pod("db-0", "worker-1"), workload_pod("web-1", "worker-1")]
+    api.pods = [workload_pod("db-0", "worker-1"), workload_pod("web-1", "worker-1"), workload_pod("web-2", "worker-1")]
     api.evictions_refused["db-0"] = 1000
+    api.lingering["web-2"] = 1000  # evicted, but terminating for good
     clock = FakeClock()
     with pytest.raises(node_drain.DrainError) as failed:
-        node_drain.drain(_client(api), "worker-1", timeout=5, poll=1.0, sleep=clock.sleep, clock=clock)
-    assert str(failed.value) == ("node worker-1: not drained after 5s; still on it: default/db-0 (eviction refused "
-                                 "by a disruption budget)")
-    assert sum(clock.slept) == 5
+        node_drain.drain(_client(api), "worker-1", timeout=4.5, poll=1.0, sleep=clock.sleep, clock=clock)
+    assert str(failed.value) == ("node worker-1: not drained after 4.5s; still on it: default/db-0 (eviction refused "
+                                 "by a disruption budget), default/web-2")
+    assert clock.slept == [1.0, 1.0, 1.0, 1.0, 0.5]  # the last sleep only up to the deadline
     assert api.unschedulable == {"worker-1": True}  # left cordoned: the caller decides
+
+
+def test_an_evicted_pod_still_terminating_is_waited_for_not_evicted_again(api):
+    api.pods = [workload_pod("web-1", "worker-1")]
+    api.lingering["web-1"] = 2
+    clock = FakeClock()
+    assert node_drain.drain(_client(api), "worker-1", poll=1.0, sleep=clock.sleep, clock=clock) == 1
+    assert [what for what, _ in _changes(api)] == [
+        "PATCH /api/v1/nodes/worker-1", "POST /api/v1/namespaces/default/pods/web-1/eviction"]
+    assert clock.slept == [1.0, 1.0]
 
 
 def test_a_node_kubernetes_does_not_know_is_an_error_not_a_drained_node(api):

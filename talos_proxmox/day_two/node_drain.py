@@ -32,8 +32,7 @@ class DrainError(RuntimeError):
 
 
 def _pod_name(pod: Mapping) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"  # every pod the API lists has both
 
 
 def _stays(pod: Mapping) -> bool:
