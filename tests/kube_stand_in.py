@@ -136,6 +136,13 @@ class StandInApi:
                 sets = state[3] if len(state) > 3 else daemonsets(desired=len(nodes), ready=len(nodes))
                 if self.path == NODES_PATH:
                     return self._send(200, {"kind": "NodeList", "items": nodes})
+                if self.path.startswith(NODES_PATH + "/"):
+                    name = self.path.rsplit("/", 1)[-1]
+                    found = next((n for n in nodes if n["metadata"]["name"] == name), None)
+                    if found is None:
+                        return self._send(404, {"kind": "Status", "reason": "NotFound"})
+                    spec = {**found.get("spec", {}), "unschedulable": api.unschedulable.get(name, False)}
+                    return self._send(200, {**found, "spec": spec})
                 if self.path == PODS_PATH:
                     return self._send(200, pods)
                 if self.path == DAEMONSETS_PATH:

@@ -126,3 +126,11 @@ def test_an_api_that_does_not_answer_is_tried_until_the_deadline(api):
         node_drain.drain(_client(api), "worker-1", timeout=4, poll=1.0, sleep=clock.sleep, clock=clock)
     assert str(failed.value).startswith("node worker-1: not drained after 4s; last error: PATCH ")
     assert clock.slept == [1.0] * 4
+
+
+def test_whether_a_node_is_cordoned_already_is_read_from_its_node_object(api):
+    assert node_drain.is_unschedulable(_client(api), "worker-1") is False
+    api.unschedulable["worker-1"] = True
+    assert node_drain.is_unschedulable(_client(api), "worker-1") is True
+    with pytest.raises(node_drain.DrainError, match="^node worker-9: no such Kubernetes Node$"):
+        node_drain.is_unschedulable(_client(api), "worker-9")

@@ -439,3 +439,23 @@ def test_without_a_kubernetes_api_the_drain_is_skipped_and_said(current_cluster)
     _current_upgrade(credentials, nodes, kube, "worker-1", events=events, kube=None)
     assert "drain-skipped (no Kubernetes API)" in events and kube.changes == []
     assert fakes["worker-1"].version_tag == NEXT
+
+
+def test_a_node_cordoned_before_the_upgrade_stays_cordoned(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    kube.unschedulable["worker-1"] = True  # an operator's own cordon
+    events = []
+    _current_upgrade(credentials, nodes, kube, "worker-1", events=events)
+    assert kube.unschedulable == {"worker-1": True} and fakes["worker-1"].version_tag == NEXT
+    assert _timeline(fakes, kube)[-1] == ("worker-1", "Reboot")  # no uncordon after it
+    assert events[-1] == "left cordoned (it was before the upgrade)"
+
+
+def test_a_drain_that_fails_on_a_node_cordoned_before_leaves_it_cordoned(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    kube.unschedulable["worker-1"] = True
+    kube.evictions_refused["web-worker-1"] = 10_000
+    with pytest.raises(RollError, match="not drained after 0.3s"):
+        _current_upgrade(credentials, nodes, kube, "worker-1", drain_timeout=0.3)
+    assert kube.unschedulable == {"worker-1": True}
+    assert not [what for _, what, body in kube.changes if body.get("spec", {}).get("unschedulable") is False]

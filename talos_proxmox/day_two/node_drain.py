@@ -49,6 +49,14 @@ def pods_to_evict(pod_list: Optional[Mapping]) -> list[dict]:
     return [pod for pod in (pod_list or {}).get("items") or () if not _stays(pod)]
 
 
+def is_unschedulable(api: KubeApi, node: str) -> bool:
+    """Whether the Node is cordoned already (by someone else, before a drain): then it stays so after."""
+    found = api.get(f"/api/v1/nodes/{quote(node)}")
+    if found is None:
+        raise DrainError(f"node {node}: no such Kubernetes Node")
+    return bool((found.get("spec") or {}).get("unschedulable"))
+
+
 def set_unschedulable(api: KubeApi, node: str, unschedulable: bool) -> None:
     """Cordon (True) or uncordon (False) the Node `node`; a Node that does not exist is an error."""
     if api.patch(f"/api/v1/nodes/{quote(node)}", {"spec": {"unschedulable": unschedulable}}) is None:

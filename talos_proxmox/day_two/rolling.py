@@ -218,7 +218,7 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
     a roll stopped part-way) is left alone. Then, as `talosctl upgrade` does for the node's version:
     - Talos 1.13 and later (`uses_lifecycle_api`): pull the installer, install it, drain the node through
       the Kubernetes API `kube()` gives (node_drain; Talos's Reboot does not drain), reboot, and
-      uncordon once it is healthy again;
+      uncordon once it is healthy again (unless it was cordoned before);
     - older: MachineService.Upgrade with preserve, stage and force off (Talos drains, installs and
       reboots; `preserve=true` would skip Talos's etcd checks before the upgrade).
     """
@@ -254,14 +254,17 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
     api = kube() if kube is not None else None  # before installing: a node that cannot be drained is left as it is
     _install_with_lifecycle_api(client, node, image, remaining=remaining, backoff=backoff, event=event, sleep=sleep,
                                 clock=clock)
+    uncordon_after = False  # a node someone cordoned before stays cordoned
     if api is None:
         event("drain-skipped (no Kubernetes API)", node.name)
     else:
         try:
+            uncordon_after = not node_drain.is_unschedulable(api, node.name)
             node_drain.drain(api, node.name, timeout=min(drain_timeout, remaining()),
                              on_event=lambda what: event(what, node.name), sleep=sleep, clock=clock)
-        except node_drain.DrainError as exc:
-            _uncordon(api, node, event, strict=False)
+        except (node_drain.DrainError, KubeApiError) as exc:
+            if uncordon_after:
+                _uncordon(api, node, event, strict=False)
             raise RollError(node, f"{exc}; not rebooted (the new version is installed and starts at its next "
                                   f"reboot)") from None
     try:
@@ -269,11 +272,13 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
         _back_healthy(client, node, tag_before, talos_version, remaining=remaining, backoff=backoff, event=event,
                       sleep=sleep, clock=clock)
     except BaseException:
-        if api is not None:
+        if uncordon_after:
             _uncordon(api, node, event, strict=False)  # as talosctl does; the roll's own error is what counts
         raise
-    if api is not None:
+    if uncordon_after:
         _uncordon(api, node, event, strict=True)
+    elif api is not None:
+        event("left cordoned (it was before the upgrade)", node.name)
 
 
 def _back_healthy(client: TalosClient, node: RollNode, tag_before: str, talos_version: Optional[str], *,
