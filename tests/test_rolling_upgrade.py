@@ -6,8 +6,10 @@ import grpc
 import pytest
 
 from talos_proxmox.day_two.cluster_health import KubeApi, read_kubeconfig
-from talos_proxmox.day_two.rolling import (RollError, RollNode, health_problems, roll, roll_order, upgrade_node,
-                                           uses_lifecycle_api, wait_healthy)
+from talos_proxmox.day_two.rolling import (RollError, RollNode, client_for, etcd_quorum_problem, health_problems, roll,
+                                           roll_order, upgrade_node, uses_lifecycle_api, wait_healthy)
+from talos_proxmox.talos_api import errors as operations_errors
+from talos_proxmox.talos_config import client_config
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
@@ -318,7 +320,8 @@ def _current_upgrade(credentials, nodes, stand_in, name, events=None, **kwargs):
 
 @pytest.mark.parametrize("tag, lifecycle", [
     ("v1.13.0", True), ("v1.13.7", True), ("v1.14.0-rc.1", True), ("v1.17.2", True), ("1.13.1", True),
-    ("v1.13.0-alpha.3", True), ("v1.13.0-beta.0", True), ("v1.13.0-alpha.2.1", True),
+    ("v1.13.0-alpha.3", True), ("v1.13.0-beta.0", True), ("v1.13.0-alpha.2.1", True), ("v1.13.0-alpha.10", True),
+    ("v1.13.0-3", False),  # a numeric pre-release sorts below any word
     ("v1.13.0-alpha.2", False), ("v1.13.0-alpha.1", False), ("v1.13.0-alpha", False),
     ("v1.12.6", False), ("v1.11.5", False), ("v2.0.0", False), ("v0.14.0", False), ("", False), ("main", False),
 ])
@@ -459,3 +462,28 @@ def test_a_drain_that_fails_on_a_node_cordoned_before_leaves_it_cordoned(current
         _current_upgrade(credentials, nodes, kube, "worker-1", drain_timeout=0.3)
     assert kube.unschedulable == {"worker-1": True}
     assert not [what for _, what, body in kube.changes if body.get("spec", {}).get("unschedulable") is False]
+
+
+def test_the_etcd_member_list_for_the_quorum_check_is_bounded_and_asks_the_node(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    with _client(credentials, cp1) as client:
+        assert etcd_quorum_problem(client, cp1) is None  # three members
+        fakes["cp-1"].delays["EtcdMemberList"] = 10.0
+        started = time.monotonic()
+        with pytest.raises(operations_errors.TalosApiError):
+            etcd_quorum_problem(client, cp1, call_timeout=1.0)
+    assert time.monotonic() - started < 5
+    assert fakes["cp-1"].calls_for("EtcdMemberList")[0].metadata.get("node") == ["10.5.0.1"]
+
+
+def test_a_roll_client_targets_its_node_and_bounds_each_call(cluster, bundle):
+    nodes, fakes = cluster
+    worker = next(n for n in nodes if n.name == "worker-1")
+    talosconfig = client_config.talosconfig(bundle, "test", [fakes["cp-1"].endpoint])
+    fakes["worker-1"].delays["Version"] = 10.0
+    started = time.monotonic()
+    with client_for(worker, talosconfig, timeout=1.0) as client, pytest.raises(operations_errors.TalosApiError):
+        client.version()
+    assert time.monotonic() - started < 5
+    assert fakes["worker-1"].calls_for("Version")[0].metadata.get("node") == ["10.5.0.11"]
