@@ -164,4 +164,6 @@ def test_every_proxmox_host_gets_its_own_copy_under_a_stable_name(mocks):
         assert len({mocks.inputs[n]["fileName"] for n in ("talos-iso", "talos-iso-pve2", "talos-iso-pve3")}) == 1
         assert ids[0] == ids[1]  # iso_file_id is the first host's
 
-    return pulumi.Output.all(image.iso_file_id, image.iso_file_ids["pve1"]).apply(check)
+    # every copy's id, so that the check runs once all three are registered (not only the first)
+    return pulumi.Output.all(image.iso_file_id, *(image.iso_file_ids[host] for host in ("pve1", "pve2", "pve3"))
+                             ).apply(check)
