@@ -108,6 +108,7 @@ class StandInApi:
         self.evictions_refused: dict[str, int] = {}
         self.lingering: dict[str, int] = {}  # pod name -> how many more pod lists show it once evicted (terminating)
         self.terminating: list[dict] = []
+        self.refuse_uncordon = False  # answer an uncordon with 403, as for credentials without that right
         # (time.monotonic(), "METHOD path", JSON body) of every PATCH and POST, in order; the time is the
         # clock FakeTalosNode's RecordedCall.at uses, so calls to both sides can be put in one order.
         self.changes: list[tuple[float, str, dict]] = []
@@ -189,6 +190,8 @@ class StandInApi:
                 known = {n["metadata"]["name"] for state in api.states for n in state[0]}
                 if not self.path.startswith(NODES_PATH + "/") or name not in known:
                     return self._send(404, {"kind": "Status", "reason": "NotFound"})
+                if api.refuse_uncordon and not body.get("spec", {}).get("unschedulable"):
+                    return self._send(403, {"kind": "Status", "reason": "Forbidden"})
                 api.unschedulable[name] = bool(body.get("spec", {}).get("unschedulable"))
                 return self._send(200, {"kind": "Node", "metadata": {"name": name}})
 

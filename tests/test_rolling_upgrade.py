@@ -11,6 +11,7 @@ from talos_proxmox.day_two.rolling import (RollError, RollNode, client_for, etcd
 from talos_proxmox.talos_api import errors as operations_errors
 from talos_proxmox.talos_config import client_config
 from talos_proxmox.talos_api.client import TalosClient
+from talos_proxmox.talos_api.retry import Backoff
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
 from tests.day_two import (FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all,  # noqa: F401 - fixtures
@@ -487,3 +488,56 @@ def test_a_roll_client_targets_its_node_and_bounds_each_call(cluster, bundle):
         client.version()
     assert time.monotonic() - started < 5
     assert fakes["worker-1"].calls_for("Version")[0].metadata.get("node") == ["10.5.0.11"]
+
+
+def test_the_install_retries_with_the_given_backoff_clock_and_sleep_and_names_the_step(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].fail_next("ImageService/Pull", grpc.StatusCode.UNAVAILABLE, "registry unreachable", times=1000)
+    slow = Backoff(initial=1.0, factor=3.0, maximum=7.0)
+    clock = FakeClock()
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1", timeout=60, backoff=slow, sleep=clock.sleep, clock=clock)
+    assert str(failed.value).startswith(f"node worker-1 (10.5.0.11): pulling the installer {NEXT_IMAGE} failed: "
+                                        f"pulling the installer {NEXT_IMAGE} on worker-1: gave up after ")
+    assert clock.slept_as(slow, within=60), clock.slept
+
+
+def test_a_hung_pull_is_bounded_by_the_upgrades_time_left(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].delays["ImageService/Pull"] = 10.0
+    started = time.monotonic()
+    with pytest.raises(RollError, match="pulling the installer"):
+        _current_upgrade(credentials, nodes, kube, "worker-1", timeout=1.5)
+    assert time.monotonic() - started < 4.5  # not the client's own 5 s per call
+
+
+def test_a_refused_install_or_reboot_names_the_node_and_the_step(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].fail_next("LifecycleService/Upgrade", grpc.StatusCode.PERMISSION_DENIED, "not authorized")
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1")
+    assert str(failed.value).startswith(f"node worker-1 (10.5.0.11): installing {NEXT_IMAGE} failed: ")
+    fakes["worker-1"].fail_next("Reboot", grpc.StatusCode.PERMISSION_DENIED, "not authorized")
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1")
+    assert failed.value.node.name == "worker-1"
+    assert str(failed.value).startswith("node worker-1 (10.5.0.11): the reboot into the installed upgrade was "
+                                        "refused: ") and "not authorized" in str(failed.value)
+    assert kube.unschedulable["worker-1"] is False  # uncordoned again after the refusal
+
+
+def test_an_uncordon_that_fails_is_a_failure_once_upgraded_and_said_while_stopping(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    kube.refuse_uncordon = True
+    with pytest.raises(RollError) as failed:
+        _current_upgrade(credentials, nodes, kube, "worker-1")
+    assert failed.value.node.name == "worker-1" and fakes["worker-1"].version_tag == NEXT
+    assert str(failed.value).startswith("node worker-1 (10.5.0.11): upgraded and healthy, but still cordoned: "
+                                        "uncordon failed: ") and "HTTP 403" in str(failed.value)
+    kube.evictions_refused["web-cp-1"] = 10_000
+    heard = []
+    with pytest.raises(RollError, match="not drained after"):
+        _current_upgrade(credentials, nodes, kube, "cp-1", drain_timeout=0.3,
+                         on_event=lambda what, who: heard.append((what, who)))
+    [(what, who)] = [(what, who) for what, who in heard if what.startswith("uncordon-failed")]
+    assert who == "cp-1" and "HTTP 403" in what
