@@ -137,6 +137,7 @@ def wait_until_all_ready(nodes: Mapping[str, str], client_for: Callable[[str], T
     return tags
 
 
+PROBE_FLOOR = 1.0  # seconds at least for each "still up?" probe
 REBOOT_START_TIMEOUT = 120.0  # a node that said it reboots and still answers after this did not
 
 
@@ -151,7 +152,8 @@ def went_down(client: TalosClient, name: str, *, timeout: float, backoff: Backof
 
     def still_up(remaining: float) -> None:
         try:
-            client.version(timeout=min(CALL_TIMEOUT, remaining))
+            # at least PROBE_FLOOR: a probe cut to a sliver by the deadline would time out and read as "down"
+            client.version(timeout=max(min(CALL_TIMEOUT, remaining), PROBE_FLOOR))
         except errors.TalosApiError as exc:
             if errors.transient_while_rebooting(exc):
                 return
