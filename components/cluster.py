@@ -2,7 +2,7 @@
 
     image (schematic + ISO in Proxmox)
     secrets ──┬─ talosconfig
-              └─ node x N: VM -> machine config -> apply (insecure first)
+              └─ node changes (checked) -> node x N: VM -> machine config -> apply (insecure first)
     bootstrap (first control plane, after its apply) -> kubeconfig -> Kubernetes provider -> add-ons
 
 Everything is a child of the cluster component, so `pulumi preview` reads as that tree.
@@ -18,9 +18,10 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
-from talos_proxmox.cluster_plan.resource_inputs import image_facts, iso_hosts, talosconfig_inputs
+from talos_proxmox.cluster_plan.resource_inputs import image_facts, iso_hosts, node_change_plan, talosconfig_inputs
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.settings.stack import Settings
+from providers.node_lifecycle import NodeChanges
 from providers.talos_operations import Bootstrap, Kubeconfig, NodesInstalled
 from providers.secrets import MachineSecrets
 from providers.talosconfig import Talosconfig
@@ -50,6 +51,10 @@ class TalosCluster(pulumi.ComponentResource):
         self.talosconfig_resource = Talosconfig(
             "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
 
+        # What this up changes about the nodes, refused here (before any VM) when it may not happen.
+        self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
+                                        opts=child)
+
         # Keyed by node name: removing a node from the stack removes only its resources. Made in roll
         # order (control planes first) so each node's lifecycle can follow the one before it.
         by_name = {node.name: node for node in settings.nodes}
@@ -65,6 +70,7 @@ class TalosCluster(pulumi.ComponentResource):
                 installer_image=facts.installer_image,
                 secrets=self.secrets.bundle,
                 talosconfig=self.talosconfig_resource.talosconfig,
+                node_changes=self.node_changes,
                 previous=previous,
                 position=f"{index} of {len(rolled_nodes)}",
                 opts=child)
@@ -72,7 +78,8 @@ class TalosCluster(pulumi.ComponentResource):
 
         # Every node installs at once after its first apply; this waits for all of them together.
         self.nodes_installed = NodesInstalled(
-            "nodes-installed", nodes=[{"name": n.name, "address": n.address} for n in rolled_nodes],
+            "nodes-installed",
+            nodes=[{"name": n.name, "address": n.address, "vm_id": self.nodes[n.name].vm.vm_id} for n in rolled_nodes],
             talosconfig=self.talosconfig_resource.talosconfig,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[node.apply for node in self.nodes.values()]))
 

@@ -23,9 +23,10 @@ CDROM_INTERFACE = "ide2"
 CLOUD_INIT_INTERFACE = "ide0"
 BOOT_DISK_INTERFACE = "scsi0"
 DATA_DISK_INTERFACE = "scsi1"
-# Inputs the Proxmox provider changes by replacing the VM (a new VM, unconfigured, while the old one is
-# hard-stopped in etcd). The node's lifecycle refuses these changes in its check, with the way to make
-# them; ignoring them here keeps the VM even when that check comes too late (`pulumi up --skip-preview`).
+# A new VM to Proxmox. The provider re-creates the VM for the first two; a new MAC it would re-plug
+# (the node would drop off the network before its config names the new MAC), so it replaces for that too.
+# Replaced delete-before-replace: the node's lifecycle (leave etcd, reset) and apply go first, the new
+# VM gets a first apply. NodeChanges allows one such node per up, alone (node_changes.problems).
 VM_IDENTITY_INPUTS = ["vmId", "nodeName", "networkDevices[0].macAddress"]
 
 
@@ -121,6 +122,7 @@ class TalosNode(pulumi.ComponentResource):
     """A Proxmox VM booted from the factory ISO, its machine configuration, its day-two lifecycle
     (upgrades, leave + reset on removal) and the apply that sends the configuration.
 
+    `node_changes` is the cluster's NodeChanges: the VM waits for its check.
     `previous` is the node before this one in roll order (control planes first): its lifecycle must
     finish before this node's, so upgrades run one node at a time. `position` ("2 of 4") is its place
     in that order, for progress lines. Parts: `vm`,
@@ -137,6 +139,7 @@ class TalosNode(pulumi.ComponentResource):
         installer_image: str,
         secrets: pulumi.Input[dict],
         talosconfig: pulumi.Input[str],
+        node_changes: pulumi.Resource,
         previous: Optional["TalosNode"] = None,
         position: Optional[str] = None,
         opts: Optional[pulumi.ResourceOptions] = None,
@@ -145,14 +148,15 @@ class TalosNode(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         c = settings.cluster
 
-        self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id),
-                                     opts=pulumi.ResourceOptions(parent=self, ignore_changes=VM_IDENTITY_INPUTS))
+        self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id), opts=pulumi.ResourceOptions(
+            parent=self, depends_on=[node_changes], replace_on_changes=VM_IDENTITY_INPUTS, delete_before_replace=True))
 
         inputs = machine_config_inputs(settings, node, installer_image)
         self.machine_configuration = MachineConfiguration(f"machineconfig-{name}", secrets=secrets, **inputs,
                                                           opts=child)
 
-        # Depends on the VM, so a removed node leaves etcd and is reset before its VM is destroyed.
+        # Depends on the VM, so a removed node leaves etcd and is reset before its VM is destroyed; the VM's
+        # id as an input makes it go (and come back) with a replaced VM too.
         self.lifecycle = NodeLifecycle(
             f"lifecycle-{name}", node_name=node.name, address=node.ip, role=node.role,
             installer_image=installer_image, talos_version=c.talos_version,
@@ -171,6 +175,7 @@ class TalosNode(pulumi.ComponentResource):
             node=node.ip,
             machine_configuration=self.machine_configuration.machine_configuration,
             talosconfig=talosconfig,
+            vm_id=self.vm.vm_id,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, self.lifecycle]),
         )
         self.register_outputs({"vm_id": self.vm.vm_id, "ip": node.ip})

@@ -12,7 +12,7 @@ to the pure core in talos_proxmox; a provider only maps Pulumi's calls onto it.
 | talosconfig | Talosconfig: the talosctl config with its os:admin certificate |
 | schematic | Schematic: the Image Factory schematic |
 | talos_operations | ConfigurationApply, Bootstrap, Kubeconfig: calls to the Talos API |
-| node_lifecycle | NodeLifecycle: upgrades, Kubernetes rolls and removal of one node |
+| node_lifecycle | NodeLifecycle: upgrades, Kubernetes rolls and removal of one node; NodeChanges: the node plan, checked before any VM |
 | cluster_health | ClusterHealth: the wait for a healthy cluster |
 
 dynamic_talos, schematic_resource, cluster_health_resource and talos_api.resources are import shims:
@@ -52,6 +52,18 @@ def with_integers(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [with_integers(item) for item in value]
     return value
+
+
+def vm_replaced(olds: Mapping, news: Mapping) -> bool:
+    """True when the VM whose id a resource records (`vm_id`, an output of the node's VM) is being
+    replaced: the id is unknown (the engine asks with it unknown when it works out what a delete-before-
+    replace of the VM takes along) or differs. A state recorded before the id was kept (None) is no
+    replacement. Numbers come back from the engine as floats."""
+    new = news.get("vm_id")
+    if has_unknowns(new):
+        return True
+    old = olds.get("vm_id")
+    return old is not None and new is not None and float(old) != float(new)
 
 
 def check_result(news: dict, property_name: str, error: Exception | None) -> dynamic.CheckResult:

@@ -10,8 +10,10 @@
 - update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Talos shutdown
   that drains the node, a Proxmox start that applies the VM's pending config, healthy again), through the Proxmox API with the provider's
   own credentials (proxmoxve:* config or PROXMOX_VE_* variables, read in `configure`).
-- check: a change of the VM that Proxmox can only make by re-creating it (host, VM id, MAC) or that
-  loses data (a smaller or removed disk) is refused before anything changes (`in_place_problems`).
+- diff: a replacement when the node's VM is replaced (a new Proxmox host, VM id or MAC: Proxmox makes a
+  new VM), so that the node is removed (delete) before its VM goes and starts afresh on the new one.
+  Whether an up may replace a VM at all is NodeChanges' check (`node_changes.problems`), which runs
+  before any VM is touched.
 - delete: `node_removal.remove_node` (etcd leave or removal through a peer, then reset).
 
 One at a time, control planes first, comes from how the resources are wired, not from here: each
@@ -21,7 +23,13 @@ depends on its NodeLifecycle, so a Kubernetes version change reaches each node t
 apply first (ConfigurationApply then re-sends the same bytes, which Talos takes as no change) instead
 of through all applies at once; creation stays concurrent because creates here are no-ops. Each
 NodeLifecycle also depends on its VM, so removing a node deletes it, with etcd leave and reset,
-before the VM is destroyed.
+before the VM is destroyed. It takes the VM's id as an input for the same reason: the VM is replaced
+delete-before-replace, and the engine then deletes first every dependent whose diff, with that id
+unknown, asks to be replaced (pulumi's calculateDependentReplacements).
+
+NodeChanges: the nodes this up changes (each node's role and VM facts, the installer image and the
+Kubernetes version), recorded; its check refuses what may not happen (`node_changes.problems`).
+Every VM depends on it, so a refusal stops the up before any VM is touched, even with --skip-preview.
 """
 
 from __future__ import annotations
@@ -32,18 +40,23 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_removal, rolling, vm_hardware
+from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_changes, node_removal, rolling, vm_hardware
 from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.proxmox_api import vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
-from providers import has_unknowns
+from providers import has_unknowns, vm_replaced
 from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
 INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
-          "timeout_seconds", "reset_on_delete", "etcd_snapshots", "vm", "vm_id", "position", "talosconfig")
+          "timeout_seconds", "reset_on_delete", "etcd_snapshots", "vm", "vm_id", "vm_replacement", "position",
+          "talosconfig")
+# Recorded by lifecycles that take a replaced VM as a node removed and added. An older state (without it)
+# was made by a program that refused VM replacements and kept the VM: its first up under this program
+# records it, and a replacement waits for the up after (`diff`).
+REMOVE_AND_ADD = "remove-and-add"
 # The talosconfig's endpoints and nodes change whenever a node is added; only its credentials matter
 # here, so adding a node leaves every other node's NodeLifecycle unchanged. The same for the node's
 # place in the roll ("2 of 4", for progress lines) and the VM id Proxmox reports (the stack's is in `vm`).
@@ -152,9 +165,7 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
                                           f"{exc}") from None
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
-        failures = [dynamic.CheckFailure("vm", problem)
-                    for problem in vm_hardware.in_place_problems(news.get("node_name"), olds.get("vm"),
-                                                                 news.get("vm") or {})]
+        failures = []
         if news.get("role") not in rolling.REQUIRED_SERVICES:
             failures.append(dynamic.CheckFailure(
                 "role", f"role: {news.get('role')!r} is not a node role (expected controlplane or worker)"))
@@ -170,7 +181,17 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         return dynamic.CreateResult(id_=f"lifecycle-{props['node_name']}", outs=_outputs(props))
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        # Never a replacement: replacing would reset a node that only changed its address.
+        # A replacement only with the VM: replacing for anything else would reset a node that, say, only
+        # changed its address.
+        if vm_replaced(olds, news):
+            if olds.get("vm_replacement") != REMOVE_AND_ADD:
+                # Its apply was recorded without the VM's id, so it would not follow the new VM: stop before
+                # anything is deleted (the engine asks this while planning the VM's replacement).
+                raise ValueError(
+                    f"node {olds.get('node_name')}: its VM would be replaced, and its state comes from a version of "
+                    f"this program that kept VMs instead; `pulumi up` once without this change (it records the "
+                    f"node as this version does), then make it")
+            return dynamic.DiffResult(changes=True, replaces=["vm_id"], stables=[], delete_before_replace=True)
         changed = [key for key in _COMPARED_AS_IS if olds.get(key) != news.get(key)]
         # A preview does not know the talosconfig while the Talosconfig resource updates (e.g. a control
         # plane's endpoint added or removed); that update keeps a usable certificate, so unknown is no change.
@@ -267,10 +288,54 @@ class NodeLifecycle(dynamic.Resource):
             # {directory, keep, cluster} or None; the directory as the stack says (relative to the project).
             "etcd_snapshots": etcd_snapshots,
             # The VM as the stack says it (resource_inputs.vm_facts), the id Proxmox gave it, "n of N".
-            "vm": vm, "vm_id": vm_id, "position": position,
+            "vm": vm, "vm_id": vm_id, "vm_replacement": REMOVE_AND_ADD, "position": position,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
         }
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
             additional_secret_outputs=["talosconfig", "machine_configuration"]))
         super().__init__(NodeLifecycleProvider(), name, props, opts)
+
+
+_PLAN = ("installer_image", "kubernetes_version", "nodes")
+
+
+def _plan(props: dict[str, Any]) -> dict[str, Any]:
+    return {key: props.get(key) for key in _PLAN}
+
+
+class NodeChangesProvider(dynamic.ResourceProvider):
+    """Records the plan; nothing on any node or VM happens here (see the module docstring)."""
+
+    def check(self, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
+        old = _plan(olds) if olds.get("nodes") is not None else None
+        return dynamic.CheckResult(news, [dynamic.CheckFailure("nodes", problem)
+                                          for problem in node_changes.problems(old, _plan(news))])
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        return dynamic.CreateResult(id_="node-changes", outs=_plan(props))
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        return dynamic.DiffResult(changes=_plan(olds) != _plan(news), replaces=[], stables=[],
+                                  delete_before_replace=False)
+
+    def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult(outs=_plan(news))
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None
+
+
+class NodeChanges(dynamic.Resource):
+    """The cluster's node plan (`resource_inputs.node_change_plan`), checked against the last up's before
+    anything else happens to a node: make every node's VM depend on it."""
+
+    nodes: pulumi.Output[dict]
+
+    def __init__(self, name: str, *, installer_image: str, kubernetes_version: Optional[str], nodes: dict,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes}
+        super().__init__(NodeChangesProvider(), name, props, opts)

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from providers import has_unknowns
+from providers import has_unknowns, vm_replaced
 
 from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.talos_api import operations
@@ -76,7 +76,9 @@ class _TalosNodeProvider(dynamic.ResourceProvider):
 
 # --- ConfigurationApply ---------------------------------------------------------------------------
 
-_APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_seconds")
+# vm_id: the node's VM (an output of it). A new VM boots the ISO unconfigured, so its apply is replaced,
+# delete-before-replace with the VM, and the new one starts with the first (insecure) apply.
+_APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_seconds", "vm_id")
 
 
 class ConfigurationApplyProvider(_TalosNodeProvider):
@@ -105,8 +107,10 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
         if olds.get("config_sha256") != _sha256(news["machine_configuration"]):
             changed.append("machine_configuration")
         replaces = ["node"] if "node" in changed else []
-        return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[],
-                                  delete_before_replace=False)
+        if vm_replaced(olds, news):
+            replaces.append("vm_id")
+        return dynamic.DiffResult(changes=bool(changed) or bool(replaces), replaces=replaces, stables=[],
+                                  delete_before_replace="vm_id" in replaces)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         if olds.get("config_sha256") == operations.config_sha256(news["machine_configuration"]):
@@ -129,11 +133,12 @@ class ConfigurationApply(dynamic.Resource):
     def __init__(self, name: str, *, node: pulumi.Input[str], machine_configuration: pulumi.Input[str],
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
                  mode: str = "auto", try_timeout_seconds: Optional[float] = None,
-                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, opts: Optional[pulumi.ResourceOptions] = None):
+                 timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, vm_id: Optional[pulumi.Input[int]] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
         operations.check_mode(mode)
         props = {
             "node": node, "endpoint": endpoint, "mode": mode, "try_timeout_seconds": try_timeout_seconds,
-            "timeout_seconds": timeout_seconds,
+            "timeout_seconds": timeout_seconds, "vm_id": vm_id,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
             "config_sha256": None, "applied_via": None, "applied_mode": None, "warnings": None,
@@ -145,9 +150,15 @@ class ConfigurationApply(dynamic.Resource):
 
 
 def _installing(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, str]:
-    """name -> address of the nodes in `news` that `olds` did not have (at that address)."""
-    before = {(node["name"], node["address"]) for node in olds.get("nodes") or []}
-    return {node["name"]: node["address"] for node in news["nodes"] if (node["name"], node["address"]) not in before}
+    """name -> address of the nodes in `news` that `olds` did not have: not at that address, or in another
+    VM (a replaced VM installs afresh). A node recorded without its VM id is not taken as a new VM."""
+    before = {node["name"]: node for node in olds.get("nodes") or []}
+
+    def new(node: dict[str, Any]) -> bool:
+        old = before.get(node["name"])
+        return old is None or old["address"] != node["address"] or vm_replaced(old, node)
+
+    return {node["name"]: node["address"] for node in news["nodes"] if new(node)}
 
 
 class NodesInstalledProvider(_TalosNodeProvider):
@@ -179,7 +190,8 @@ class NodesInstalledProvider(_TalosNodeProvider):
 
 class NodesInstalled(dynamic.Resource):
     """Every node that got its first configuration has installed and answers over mTLS; nodes added
-    later are waited for on the up that adds them. `nodes`: [{name, address}] in roll order."""
+    later, or put in a new VM, are waited for on the up that does it. `nodes`: [{name, address, vm_id}]
+    in roll order, vm_id an output of the node's VM."""
 
     nodes: pulumi.Output[list]
 

@@ -48,6 +48,8 @@ class Registration:
     additional_secret_outputs: list[str]
     custom: bool
     ignore_changes: list[str]
+    replace_on_changes: list[str]
+    delete_before_replace: bool
     inputs: dict  # as registered, with the pickled provider of dynamic resources removed
 
 
@@ -84,7 +86,8 @@ class RecordingMonitor(MockMonitor):
                 urn=response.urn, type=request.type, name=request.name, parent=request.parent,
                 dependencies=list(request.dependencies), protect=bool(request.protect),
                 additional_secret_outputs=list(request.additionalSecretOutputs), custom=bool(request.custom),
-                ignore_changes=list(request.ignoreChanges), inputs=self.resources[response.urn].state)
+                ignore_changes=list(request.ignoreChanges), replace_on_changes=list(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace), inputs=self.resources[response.urn].state)
             with self._lock:
                 self.registrations.append(registration)
         return response

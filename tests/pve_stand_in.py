@@ -6,7 +6,8 @@ Shutdown), PVE sees the VM stopped; a Proxmox start (`POST .../status/start`) br
 `boot_seconds` later, as Talos boots. Every power event is kept in time order in `power_events`, so a
 test can tell how many nodes were down at once. `vm_changed` does what the Proxmox provider does to a
 running VM whose cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the
-VM's config, which PVE keeps as pending until the VM next starts.
+VM's config, which PVE keeps as pending until the VM next starts. `destroy` is the provider's delete:
+a stop (the guest goes down with its VM) and the DELETE.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class PowerEvent:
     at: float  # time.monotonic()
     vm_id: int
     name: str
-    what: str  # "off" (the node powered its VM off) or "up" (started again, its node answers)
+    what: str  # "off" (the node powered its VM off) or "up" (started again, its node answers); "made", "destroyed"
 
 
 class ProxmoxStandIn(FakePve):
@@ -50,6 +51,7 @@ class ProxmoxStandIn(FakePve):
         self.cafile: Optional[str] = None  # the certificate it serves, set by serve_proxmox
         self.guests: dict[int, FakeTalosNode] = {}
         self.power_events: list[PowerEvent] = []
+        self.vm_events: list[PowerEvent] = []  # "made" (run_guest) and "destroyed" (destroy), in time order
         self._events_lock = threading.Lock()
 
     def provider_config(self) -> dict[str, str]:
@@ -66,6 +68,7 @@ class ProxmoxStandIn(FakePve):
                   config: Optional[dict] = None) -> None:
         """A running VM whose guest is `guest`."""
         vm = self.add_vm(vm_id, name, node=host, status="running", config=config)
+        self.vm_events.append(PowerEvent(time.monotonic(), vm_id, name, "made"))
         self.guests[vm_id] = guest
         if guest is not None:
             guest.on_power_off = lambda: self._powered_off(vm)
@@ -74,6 +77,25 @@ class ProxmoxStandIn(FakePve):
         """The Proxmox provider's update of a running VM without a reboot: the changed keys, one PUT."""
         vm = self.vm(vm_id)
         self.client().nodes(vm.node).qemu(vm_id).config.put(**changes)
+
+    def destroy(self, vm_id: int) -> None:
+        """What the Proxmox provider does to delete a VM made with `stop_on_destroy`: a hard stop (its guest
+        drops off the network), then the DELETE."""
+        vm = self.vm(vm_id)
+        api = self.client().nodes(vm.node).qemu(vm_id)
+        if vm.status == "running":
+            api.status.stop.post()
+        api.delete()
+        self.vm_events.append(PowerEvent(time.monotonic(), vm_id, vm.name, "destroyed"))
+
+    async def _do_stop(self, vm, user, p):
+        upid = await super()._do_stop(vm, user, p)
+        guest = self.guests.pop(vm.vmid, None)
+        if guest is not None:
+            guest.on_power_off = None
+            guest.go_down()
+            self._power_event(vm, "off")
+        return upid
 
     def _power_event(self, vm, what: str) -> None:
         with self._events_lock:
@@ -102,11 +124,11 @@ class ProxmoxStandIn(FakePve):
         """The paths of the starts asked for, in order."""
         return [path for method, path, _body in self.requests if method == "POST" and path.endswith("/status/start")]
 
-    def most_down_at_once(self, names) -> int:
-        """The most of the VMs named `names` powered off (or booting) at the same moment."""
+    def most_down_at_once(self, names, until: float = float("inf")) -> int:
+        """The most of the VMs named `names` powered off (or booting) at the same moment, up to `until`."""
         down, most = set(), 0
         with self._events_lock:
-            events = list(self.power_events)
+            events = [event for event in self.power_events if event.at <= until]
         for event in events:
             if event.name not in names:
                 continue

@@ -285,6 +285,12 @@ class FakeTalosNode:
         self._listener = listener
         threading.Thread(target=self._accept_loop, args=(listener, context), daemon=True).start()
 
+    def boot_from_iso(self) -> None:
+        """Start as a new VM booting the Talos ISO: maintenance mode, nothing applied or bootstrapped."""
+        self.config = self.staged_config = None
+        self.bootstrapped = False
+        self.come_up("maintenance")
+
     @property
     def is_up(self) -> bool:
         return self._listener is not None

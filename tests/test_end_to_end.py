@@ -277,7 +277,7 @@ def test_adding_a_worker_creates_only_its_resources_and_applies_to_it_alone(depl
     unchanged, added = deployment.unchanged, deployment.added
     name = ADDED[0]
     assert added.steps("create") == {f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
-    assert added.steps("update") == {"nodes-installed"}  # which waits for the new node only
+    assert added.steps("update") == {"node-changes", "nodes-installed"}  # the latter waits for the new node only
     [apply] = applies(added.calls[name])
     assert (apply.mode, apply.roles) == ("maintenance", ())
     assert apply.request.data == added.rendered[name]
@@ -337,7 +337,7 @@ def test_removing_a_worker_resets_it_and_deletes_only_its_resources(deployment):
     name = ADDED[0]
     assert removed.steps("delete") == {name, f"machineconfig-{name}", f"lifecycle-{name}", f"apply-{name}"}
     assert removed.steps("create") == set()
-    assert removed.steps("update") == {"nodes-installed"}  # one node fewer, nothing to wait for
+    assert removed.steps("update") == {"node-changes", "nodes-installed"}  # one node fewer, nothing to wait for
     deleted = [step.name for step in removed.monitor.steps if step.op == "delete"]
     assert deleted.index(f"apply-{name}") < deleted.index(f"lifecycle-{name}") < deleted.index(name)  # VM last
     new_calls = [c for c in removed.calls[name][len(upgraded.calls[name]):] if c.rpc != "Version"]

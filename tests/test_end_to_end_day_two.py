@@ -16,10 +16,13 @@ worker) and the Image Factory stand-in. The ups, in order, each after its previe
   cp_removed  e2e-cp-3 taken out of the stack: it leaves etcd, then is reset, then its VM goes;
   unreachable e2e-cp-2 powered off, then taken out of the stack: its etcd member is removed through
               e2e-cp-1, no reset is attempted, and the up succeeds;
-  renamed, new_vm_id, shrunk  refused in the preview: cluster.name, the worker's vmId, e2e-cp-1's disk.
+  renamed, new_vm_ids, shrunk  refused in the preview: cluster.name, two nodes' vmIds at once,
+              e2e-cp-1's disk (VM replacements that happen: tests/test_end_to_end_vm_replacement.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import grpc
 import pytest
@@ -76,6 +79,10 @@ def ups(tmp_path_factory) -> dict:
         done["hardware"] = cluster.up(e2e_config(url, NODES, TALOS, kubernetes_version=NEW_KUBERNETES,
                                                  hardware=BIGGER))
         done["pve"] = cluster.pve
+        # The VMs as the hardware up left them (later ups destroy some), and when it ended.
+        done["hardware_vms"] = {name: (dict(vm.config), dict(vm.pending))
+                                for name in ROLL_ORDER for vm in [cluster.pve.vm(VM_IDS[name])]}
+        done["hardware_end"] = time.monotonic()
         done["kube"] = cluster.kube
 
         def e2e_config_now(nodes, talos):  # what the stack says from here on
@@ -95,9 +102,9 @@ def ups(tmp_path_factory) -> dict:
         renamed = e2e_config_now(without_cp2, UPGRADE)
         renamed["cluster"]["name"] = "prod"
         done["renamed"] = cluster.up(renamed, fails=True)
-        new_vm_id = e2e_config_now(without_cp2, UPGRADE)
-        new_vm_id["nodes"][1]["vmId"] = 9205  # the worker
-        done["new_vm_id"] = cluster.up(new_vm_id, fails=True)
+        new_vm_ids = e2e_config_now(without_cp2, UPGRADE)
+        new_vm_ids["nodes"][0]["vmId"], new_vm_ids["nodes"][1]["vmId"] = 9202, 9205  # e2e-cp-1 and the worker
+        done["new_vm_ids"] = cluster.up(new_vm_ids, fails=True)
         shrunk = e2e_config_now(without_cp2, UPGRADE)
         shrunk["nodes"][0]["disk"] = 10  # e2e-cp-1, 20 GiB
         done["shrunk"] = cluster.up(shrunk, fails=True)
@@ -139,7 +146,7 @@ def test_each_preview_calls_no_node_and_plans_what_its_up_does(ups):
 def test_kubernetes_change_updates_each_nodes_config_lifecycle_and_apply_only(ups):
     up = ups["kubernetes"]
     assert up.steps("update") == {f"{kind}-{name}" for kind in ("machineconfig", "lifecycle", "apply")
-                                  for name in ROLL_ORDER}
+                                  for name in ROLL_ORDER} | {"node-changes"}  # the latter records the version
     assert up.steps("create") == up.steps("delete") == set()
     assert {"secrets", "talosconfig", "bootstrap", "kubeconfig"} <= up.steps("same")
     assert (up.run.exports["talosconfig"], up.run.exports["kubeconfig"]) == (
@@ -178,7 +185,7 @@ def test_kubernetes_change_leaves_each_node_on_the_new_kubelet(ups):
 
 def test_hardware_change_updates_each_vm_and_lifecycle_and_no_talos_config(ups):
     up = ups["hardware"]
-    assert up.steps("update") == {f"lifecycle-{name}" for name in ROLL_ORDER}
+    assert up.steps("update") == {f"lifecycle-{name}" for name in ROLL_ORDER} | {"node-changes"}
     assert {f"{kind}-{name}" for kind in ("machineconfig", "apply") for name in ROLL_ORDER} <= up.steps("same")
     for name in ROLL_ORDER:
         assert up.monitor.state_named(name).inputs["cpu"]["cores"] == 4, name
@@ -198,15 +205,15 @@ def test_hardware_change_starts_each_vm_through_proxmox_in_roll_order(ups):
     assert sorted(puts) == sorted((vm.format(VM_IDS[name]) + "/config", b"cores=4&memory=6144") for name in ROLL_ORDER)
     assert pve.start_requests() == [vm.format(VM_IDS[name]) + "/status/start" for name in ROLL_ORDER]
     for name in ROLL_ORDER:
-        config = pve.vm(VM_IDS[name]).config
+        config, pending = ups["hardware_vms"][name]
         assert (config["cores"], config["memory"]) == ("4", "6144"), name
-        assert pve.vm(VM_IDS[name]).pending == {}, name
+        assert pending == {}, name
 
 
 def test_hardware_change_never_has_two_nodes_down_and_each_is_healthy_before_the_next(ups):
     up, pve = ups["hardware"], ups["pve"]
-    assert pve.most_down_at_once(ROLL_ORDER) == 1
-    events = {(e.name, e.what): e.at for e in pve.power_events}
+    assert pve.most_down_at_once(ROLL_ORDER, until=ups["hardware_end"]) == 1
+    events = {(e.name, e.what): e.at for e in pve.power_events if e.at <= ups["hardware_end"]}
     for before, after in zip(ROLL_ORDER, ROLL_ORDER[1:]):
         assert events[(before, "up")] < events[(after, "off")], (before, after)
         checked = [c.at for c in rpcs(up.new_calls(ups["kubernetes"], before), "ServiceList")
@@ -288,7 +295,8 @@ def test_removing_a_control_plane_calls_no_other_node(ups):
 def test_removing_a_control_plane_drops_it_from_the_talosconfig_only(ups):
     before, removed = ups["resumed"], ups["cp_removed"]
     assert read_talosconfig(removed.run.exports["talosconfig"]).endpoints == ("127.0.0.2", "127.0.0.3")
-    assert removed.steps("update") == {"talosconfig", "nodes-installed"}  # the latter: one node fewer, no wait
+    # the last two: one node fewer, no wait
+    assert removed.steps("update") == {"talosconfig", "node-changes", "nodes-installed"}
     assert removed.run.exports["kubeconfig"] == before.run.exports["kubeconfig"]
 
 
@@ -358,18 +366,20 @@ def test_renaming_the_cluster_is_refused_before_anything_changes(ups):
         assert renamed.new_calls(before, name) == [], name
 
 
-def test_a_vm_id_change_is_refused_in_the_preview_with_the_way_to_do_it(ups):
-    before, refused = ups["renamed"], ups["new_vm_id"]
+def test_two_new_vms_in_one_up_are_refused_in_the_preview_before_any_vm(ups):
+    before, refused = ups["renamed"], ups["new_vm_ids"]
     message = str(refused.error)
-    assert "node e2e-worker-1: vmId 9105 -> 9205 would replace its VM" in message
-    assert "take e2e-worker-1 out of nodes and `pulumi up`" in message
+    assert ("::node-changes: check failed: nodes: nodes e2e-cp-1 (vmId 9102 -> 9202), e2e-worker-1 (vmId 9105 -> 9205) "
+            "would each have their VM replaced in one up") in message
+    assert "so replace one node per `pulumi up`" in message
     assert refused.monitor.preview and refused.pve_requests == before.pve_requests
+    assert not [step for step in refused.monitor.steps if step.name in (CP1, WORKER)]  # no VM was planned
     for name in ROLL_ORDER:
         assert refused.new_calls(before, name) == [], name
 
 
 def test_a_smaller_disk_is_refused_in_the_preview(ups):
-    before, refused = ups["new_vm_id"], ups["shrunk"]
+    before, refused = ups["new_vm_ids"], ups["shrunk"]
     assert "node e2e-cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk" in str(refused.error)
     assert refused.monitor.preview and refused.pve_requests == before.pve_requests
     for name in ROLL_ORDER:

@@ -8,6 +8,8 @@ import pulumi_proxmoxve as proxmoxve
 import pytest
 
 from components.node import TalosNode, vm_args, vm_tags
+from providers.node_lifecycle import NodeChanges
+from talos_proxmox.cluster_plan.resource_inputs import node_change_plan
 from talos_proxmox.settings.stack import load_settings
 from tests.mocked_program import run_program, stack_config
 
@@ -104,10 +106,11 @@ INSTALLER = "factory.talos.dev/installer/e142ceb080fb243141b5b6891cfcf0c60bc9430
 def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
     def program():
         s = load_settings(stack_config("test-cluster"))
+        changes = NodeChanges("node-changes", **node_change_plan(s, INSTALLER))
         first = TalosNode("master-1", s, node(s, "master-1"), iso_file_id=ISO, installer_image=INSTALLER,
-                          secrets={"cluster": {}}, talosconfig="talosconfig-text")
+                          secrets={"cluster": {}}, talosconfig="talosconfig-text", node_changes=changes)
         TalosNode("master-2", s, node(s, "master-2"), iso_file_id=ISO, installer_image=INSTALLER,
-                  secrets={"cluster": {}}, talosconfig="talosconfig-text", previous=first)
+                  secrets={"cluster": {}}, talosconfig="talosconfig-text", node_changes=changes, previous=first)
 
     run = run_program(stack_config("test-cluster"), program=program)
     urns = {r.urn: r for r in run.registrations}
@@ -128,9 +131,10 @@ def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
     assert (lifecycle.inputs["address"], lifecycle.inputs["role"]) == ("10.255.200.202", "controlplane")
     assert lifecycle.inputs["installer_image"] == INSTALLER
     assert {vm.urn, named[("Resource", "lifecycle-master-1")].urn} <= set(lifecycle.dependencies)
-    # The first node in roll order waits for its own VM only.
+    # The first node in roll order waits for its own VM only; every VM waits for the node plan's check.
     first_deps = {urns[d].name for d in named[("Resource", "lifecycle-master-1")].dependencies}
     assert first_deps <= {"master-1", "machineconfig-master-1"}
+    assert {urns[d].name for d in vm.dependencies} == {"node-changes"}
 
     assert apply.inputs["node"] == "10.255.200.202"
     assert {vm.urn, config.urn, lifecycle.urn} <= set(apply.dependencies)

@@ -49,7 +49,7 @@ def test_create_touches_no_node_and_keeps_no_configuration(pair):
     assert fakes["cp-1"].calls == []
 
 
-def test_diff_never_replaces_and_ignores_configuration_only_changes(pair):
+def test_diff_replaces_only_with_the_vm_and_ignores_configuration_only_changes(pair):
     fakes, talosconfig = pair
     provider = NodeLifecycleProvider()
     olds = provider.create(_props(fakes, talosconfig)).outs
@@ -220,7 +220,7 @@ def test_adding_a_worker_adds_only_its_resources():
     changed = {(after[u].type, after[u].name) for u in before if after[u].inputs != before[u].inputs}
     # Only the health and install waits count the nodes (the latter waits for the new one only), and
     # each lifecycle's place in the roll ("3 of 10") changes, which its diff ignores.
-    assert changed == ({(DYNAMIC, "health"), (DYNAMIC, "nodes-installed")}
+    assert changed == ({(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes")}
                        | {(DYNAMIC, f"lifecycle-{n['name']}") for n in config["nodes"][:-1]})
     provider = NodeLifecycleProvider()
     for urn in before:

@@ -163,12 +163,32 @@ def test_changing_one_workers_memory_changes_only_that_vm(run):
     assert before.keys() == after.keys()
     differing = {(after[u].type, after[u].name): after[u] for u in before
                  if compared_inputs(before[u]) != compared_inputs(after[u])}
-    # The VM takes it as pending config; its lifecycle records it and reboots that VM in its turn.
-    assert differing.keys() == {(VM, "worker-2"), (DYNAMIC, "lifecycle-worker-2")}
-    assert differing[(VM, "worker-2")].inputs["memory"]["dedicated"] == 8192
-    assert differing[(VM, "worker-2")].inputs["rebootAfterUpdate"] is False
-    assert differing[(VM, "worker-2")].ignore_changes == ["vmId", "nodeName", "networkDevices[0].macAddress"]
+    # The VM takes it as pending config; its lifecycle records it and reboots that VM in its turn; the
+    # cluster's node plan records it too.
+    assert differing.keys() == {(VM, "worker-2"), (DYNAMIC, "lifecycle-worker-2"), (DYNAMIC, "node-changes")}
+    vm = differing[(VM, "worker-2")]
+    assert vm.inputs["memory"]["dedicated"] == 8192 and vm.inputs["rebootAfterUpdate"] is False
     assert differing[(DYNAMIC, "lifecycle-worker-2")].inputs["vm"]["memory_mib"] == 8192
+    assert differing[(DYNAMIC, "node-changes")].inputs["nodes"]["worker-2"]["vm"]["memory_mib"] == 8192
+
+
+def test_a_vm_is_replaced_delete_first_on_a_new_id_host_or_mac_after_the_node_plan_is_checked(run):
+    regs = by_urn(run)
+    [changes] = [r for r in regs.values() if r.name == "node-changes"]
+    vms = [r for r in regs.values() if r.type == VM]
+    assert len(vms) == 9
+    for vm in vms:
+        assert vm.replace_on_changes == ["vmId", "nodeName", "networkDevices[0].macAddress"], vm.name
+        assert vm.delete_before_replace and vm.ignore_changes == [], vm.name
+        assert changes.urn in vm.dependencies, vm.name
+    # The node's apply and lifecycle follow the VM through its id; the install wait counts it.
+    [apply] = [r for r in regs.values() if r.name == "apply-worker-2"]
+    assert apply.inputs["vm_id"] == [vm for vm in vms if vm.name == "worker-2"][0].inputs["vmId"]
+    [installed] = [r for r in regs.values() if r.name == "nodes-installed"]
+    assert {node["name"]: node["vm_id"] for node in installed.inputs["nodes"]} == {
+        vm.name: vm.inputs["vmId"] for vm in vms}
+    assert changes.inputs["nodes"]["master-1"] == {"role": "controlplane", "vm": regs[next(
+        u for u, r in regs.items() if r.name == "lifecycle-master-1")].inputs["vm"]}
 
 
 def test_removing_a_worker_removes_only_its_resources(run):
@@ -181,10 +201,11 @@ def test_removing_a_worker_removes_only_its_resources(run):
                     (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6"),
                     (DYNAMIC, "lifecycle-worker-6")}
     assert not after.keys() - before.keys()
-    # Everything else is untouched, the talosconfig included; only the health and install waits count nodes.
+    # Everything else is untouched, the talosconfig included; only the node plan and the health and
+    # install waits count nodes.
     changed = {(after[u].type, after[u].name) for u in after
                if compared_inputs(after[u]) != compared_inputs(before[u])}
-    assert changed == {(DYNAMIC, "health"), (DYNAMIC, "nodes-installed")}
+    assert changed == {(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes")}
     assert dynamic(smaller, "lifecycle-worker-5").inputs["position"] == "8 of 8"
 
 

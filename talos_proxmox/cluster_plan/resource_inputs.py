@@ -74,3 +74,13 @@ def vm_facts(settings: Settings, node: NodeSettings) -> dict[str, Any]:
         cpu_type=settings.proxmox.cpu_type, disk_gb=node.disk_gb,
         data_disk_gb=node.data_disk.size_gb if node.data_disk is not None else None,
     )
+
+
+def node_change_plan(settings: Settings, installer_image: str) -> dict[str, Any]:
+    """What NodeChanges records and checks (talos_proxmox.day_two.node_changes): the versions every node
+    runs, and each node's role and VM."""
+    return dict(
+        installer_image=installer_image,
+        kubernetes_version=settings.cluster.kubernetes_version,
+        nodes={node.name: {"role": node.role, "vm": vm_facts(settings, node)} for node in settings.nodes},
+    )

@@ -1,11 +1,11 @@
-"""A node's VM on day two: which stack changes it can take in place, and how hardware changes roll.
+"""A node's VM on day two: how a change of its cores, memory or CPU type rolls in.
 
 The VM is created with `reboot_after_update: false`, so a change of cores, memory or CPU type on a
 running VM waits in Proxmox as pending config instead of rebooting every VM at once (three control
 planes rebooting together lose etcd quorum). The node's NodeLifecycle then brings the change in, one
 node at a time in roll order: healthy first, a Talos shutdown (which cordons and drains the node, then
-powers it off), a Proxmox start (which applies pending config), healthy again. A change Proxmox would make by re-creating the VM, or one that loses data, is refused before
-anything changes, with the way to do it.
+powers it off), a Proxmox start (which applies pending config), healthy again. What Proxmox can only
+change by re-creating the VM, and what would lose data, is for `node_changes` to decide.
 
 `vm` is the NodeLifecycle's record of the VM as the stack says it (`vm_facts` in the component):
 host, vm_id (None: Proxmox picks), mac, cores, memory_mib, cpu_type, disk_gb, data_disk_gb (or None).
@@ -27,7 +27,7 @@ POWER_OFF_SECONDS = 600  # Talos drains the node (pods have their grace periods)
 START_SECONDS = 120
 
 
-def _facts(vm: Mapping[str, Any]) -> dict[str, Any]:
+def normalized(vm: Mapping[str, Any]) -> dict[str, Any]:
     """The facts with whole numbers as ints: through the engine every number arrives as a float."""
     return {fact: int(value) if isinstance(value, float) and value.is_integer() else value
             for fact, value in vm.items()}
@@ -37,41 +37,8 @@ def hardware_changes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -
     """fact -> (old, new) for the hardware that changed. A VM recorded before this was tracked has none."""
     if not old:
         return {}
-    old, new = _facts(old), _facts(new)
+    old, new = normalized(old), normalized(new)
     return {fact: (old.get(fact), new.get(fact)) for fact in HARDWARE if old.get(fact) != new.get(fact)}
-
-
-def _two_ups(node: str, setting: str) -> str:
-    return (f"to change it, take {node} out of nodes and `pulumi up` (it leaves etcd and is reset), then add it "
-            f"back with the new {setting} and `pulumi up` again")
-
-
-def in_place_problems(node: str, old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[str]:
-    """Why the stack's change to this node's VM cannot be made without re-creating the VM or losing data;
-    empty when it can. Re-creating a VM keeps its VM id or MAC for a moment on two VMs and boots the new
-    one unconfigured, so those changes go through a removal and an addition instead."""
-    if not old:
-        return []
-    old, new = _facts(old), _facts(new)
-    problems = []
-    identity = (("host", "proxmoxNode", "Proxmox host"), ("vm_id", "vmId", "VM id"), ("mac", "mac", "MAC address"))
-    for fact, key, what in identity:
-        before, after = old.get(fact), new.get(fact)
-        if before is not None and after is not None and before != after:
-            problems.append(f"node {node}: {key} {before!r} -> {after!r} would replace its VM (a new {what} is a "
-                            f"new VM to Proxmox), taking the node down unconfigured; {_two_ups(node, key)}")
-    disks = (("disk_gb", "disk"), ("data_disk_gb", "dataDisk.size"))
-    for fact, key in disks:
-        before, after = old.get(fact), new.get(fact)
-        if before is None:
-            continue
-        if after is None:
-            problems.append(f"node {node}: {key.split('.')[0]} removed (was {before} GiB): its data would be lost; "
-                            f"{_two_ups(node, 'disks')}")
-        elif after < before:
-            problems.append(f"node {node}: {key} {before} -> {after} GiB: Proxmox cannot shrink a disk; keep "
-                            f"{before} GiB or more, or {_two_ups(node, key)}")
-    return problems
 
 
 def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: Mapping[str, tuple], *,

@@ -1,0 +1,112 @@
+"""What one `pulumi up` changes about the cluster's nodes, and whether it may: decided before any VM is
+touched (the NodeChanges resource, which every VM depends on, runs `problems` in its check).
+
+A node whose VM Proxmox can only change by re-creating it (a new Proxmox host, VM id or MAC address) is
+replaced as a node removed and added: its lifecycle leaves etcd and resets it, the old VM goes, the new
+VM boots the ISO and gets a first apply. That takes the node out of the cluster for a while, so such a
+replacement is allowed one node per up, with no other node change beside it (an upgrade, a Kubernetes
+roll, a hardware roll, a node added or removed would take a second node down meanwhile), and never for
+the cluster's only control plane (etcd would go with it). Changes that lose data (a smaller or removed
+disk) are refused outright, with the way to make them.
+
+The plan this reads, old (from the last up, or None) and new: {"installer_image", "kubernetes_version",
+"nodes": {name: {"role", "vm": the VM's facts (talos_proxmox.day_two.vm_hardware)}}}. No Pulumi here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes, normalized
+
+# fact -> (stack key, what it is to Proxmox): a change of any of them makes a new VM.
+IDENTITY = {"host": ("proxmoxNode", "Proxmox host"), "vm_id": ("vmId", "VM id"), "mac": ("mac", "MAC address")}
+DISKS = {"disk_gb": "disk", "data_disk_gb": "dataDisk.size"}
+
+
+def identity_changes(old_vm: Optional[Mapping[str, Any]], new_vm: Mapping[str, Any]) -> list[str]:
+    """`vmId 9101 -> 9201`-style lines for each identity fact that changed. A fact unset on either side
+    (Proxmox picks the VM id; a VM recorded before the fact was tracked) is no change."""
+    if not old_vm:
+        return []
+    old, new = normalized(old_vm), normalized(new_vm)
+    return [f"{key} {old[fact]!r} -> {new[fact]!r}" for fact, (key, _what) in IDENTITY.items()
+            if old.get(fact) is not None and new.get(fact) is not None and old[fact] != new[fact]]
+
+
+def replaced_nodes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> dict[str, list[str]]:
+    """name -> its identity changes, for each node kept in the stack whose VM this up replaces."""
+    old_nodes = (old or {}).get("nodes") or {}
+    # By name: through the engine a mapping's keys lose their order.
+    changes = {name: identity_changes(old_nodes[name].get("vm"), node.get("vm") or {})
+               for name, node in sorted(new["nodes"].items()) if name in old_nodes}
+    return {name: found for name, found in changes.items() if found}
+
+
+def _two_ups(node: str, setting: str) -> str:
+    return (f"to change it, take {node} out of nodes and `pulumi up` (it leaves etcd and is reset), then add it "
+            f"back with the new {setting} and `pulumi up` again")
+
+
+def disk_problems(node: str, old_vm: Optional[Mapping[str, Any]], new_vm: Mapping[str, Any]) -> list[str]:
+    """A smaller or removed disk: Proxmox cannot shrink one, and a removed one takes its data along."""
+    if not old_vm:
+        return []
+    old, new = normalized(old_vm), normalized(new_vm)
+    problems = []
+    for fact, key in DISKS.items():
+        before, after = old.get(fact), new.get(fact)
+        if before is None:
+            continue
+        if after is None:
+            problems.append(f"node {node}: {key.split('.')[0]} removed (was {before} GiB): its data would be lost; "
+                            f"{_two_ups(node, 'disks')}")
+        elif after < before:
+            problems.append(f"node {node}: {key} {before} -> {after} GiB: Proxmox cannot shrink a disk; keep "
+                            f"{before} GiB or more, or {_two_ups(node, key)}")
+    return problems
+
+
+def other_changes(old: Mapping[str, Any], new: Mapping[str, Any], replaced: str) -> list[str]:
+    """What else this up does to nodes besides replacing `replaced`'s VM, each a short phrase."""
+    found = []
+    for key, what in (("installer_image", "the Talos installer"), ("kubernetes_version", "kubernetesVersion")):
+        if old.get(key) != new.get(key):
+            found.append(f"{what} {old.get(key)} -> {new.get(key)}")
+    old_nodes, new_nodes = old.get("nodes") or {}, new["nodes"]
+    found += [f"node {name} added" for name in sorted(new_nodes) if name not in old_nodes]
+    found += [f"node {name} removed" for name in sorted(old_nodes) if name not in new_nodes]
+    for name, node in sorted(new_nodes.items()):
+        if name == replaced or name not in old_nodes:
+            continue
+        rolled = hardware_changes(old_nodes[name].get("vm"), node.get("vm") or {})
+        found += [f"node {name}'s {HARDWARE[fact]} {before} -> {after}" for fact, (before, after) in rolled.items()]
+    return found
+
+
+def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[str]:
+    """Why this up may not make its node changes; empty when it may. `old` None: the first up (or the
+    first since this was recorded), which has nothing to compare."""
+    if not old:
+        return []
+    old_nodes = old.get("nodes") or {}
+    found = [problem for name, node in sorted(new["nodes"].items()) if name in old_nodes
+             for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})]
+    replaced = replaced_nodes(old, new)
+    described = {name: ", ".join(changes) for name, changes in replaced.items()}
+    if len(replaced) > 1:
+        found.append(f"nodes {', '.join(f'{name} ({what})' for name, what in described.items())} would each have "
+                     f"their VM replaced in one up; a replaced VM takes its node out of the cluster (etcd leave, reset) "
+                     f"and back in (a first apply on the new VM), so replace one node per `pulumi up`")
+        return found
+    for name, what in described.items():
+        control_planes = [n for n, node in new["nodes"].items() if node.get("role") == "controlplane"]
+        if control_planes == [name]:
+            found.append(f"node {name}: {what} would replace the VM of the cluster's only control plane, and "
+                         f"etcd with it; add a second control plane first (one `pulumi up`), then replace this one")
+        others = other_changes(old, new, name)
+        if others:
+            found.append(f"node {name}: {what} replaces its VM, which takes the node out of the cluster and back "
+                         f"in; make that the only node change of its `pulumi up` (this one also changes: "
+                         f"{'; '.join(others)})")
+    return found

@@ -1,0 +1,209 @@
+"""What one up may change about the nodes (talos_proxmox.day_two.node_changes), as NodeChanges checks it
+before any VM is touched, and how the node's resources take a replaced VM: its lifecycle and apply ask
+to be replaced along with it (delete-before-replace), its install is waited for again.
+
+End to end, under the engine model: tests/test_end_to_end_vm_replacement.py."""
+
+import pytest
+from pulumi.output import Unknown
+
+from providers.node_lifecycle import REMOVE_AND_ADD, NodeChangesProvider, NodeLifecycleProvider
+from providers.talos_operations import ConfigurationApplyProvider, _installing
+from talos_proxmox.day_two import node_changes
+
+VM = dict(host="pve1", vm_id=9101, mac="bc:24:11:00:01:01", cores=2, memory_mib=4096, cpu_type="host",
+          disk_gb=20, data_disk_gb=None)
+INSTALLER = "factory.talos.dev/installer/abc:v1.13.7"
+
+
+def vm(number: int, **changes) -> dict:
+    return {**VM, "vm_id": 9100 + number, "mac": f"bc:24:11:00:01:{number:02x}", **changes}
+
+
+def plan(nodes=None, **changes) -> dict:
+    """cp-1..3 and w-1 as the last up left them, with `nodes` {name: vm changes} applied."""
+    base = {"cp-1": ("controlplane", 1), "cp-2": ("controlplane", 2), "cp-3": ("controlplane", 3), "w-1": ("worker", 4)}
+    return {"installer_image": INSTALLER, "kubernetes_version": "1.36.2",
+            "nodes": {name: {"role": role, "vm": vm(number, **(nodes or {}).get(name, {}))}
+                      for name, (role, number) in base.items()}, **changes}
+
+
+OLD = plan()
+
+
+# --- one replaced VM, alone ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, line", [
+    ({"vm_id": 9202}, "vmId 9102 -> 9202"),
+    ({"mac": "bc:24:11:00:02:02"}, "mac 'bc:24:11:00:01:02' -> 'bc:24:11:00:02:02'"),
+    ({"host": "pve2"}, "proxmoxNode 'pve1' -> 'pve2'"),
+])
+def test_a_new_vm_id_mac_or_host_replaces_that_nodes_vm_and_is_allowed_alone(change, line):
+    new = plan({"cp-2": change})
+    assert node_changes.replaced_nodes(OLD, new) == {"cp-2": [line]}
+    assert node_changes.problems(OLD, new) == []
+
+
+def test_a_replaced_vm_may_come_with_its_own_new_hardware():
+    new = plan({"w-1": {"vm_id": 9204, "cores": 4}})
+    assert node_changes.problems(OLD, new) == []
+
+
+def test_nothing_is_replaced_by_hardware_a_bigger_disk_or_a_vm_id_proxmox_picks():
+    assert node_changes.replaced_nodes(OLD, plan({"cp-1": {"cores": 8, "disk_gb": 40}})) == {}
+    picked = plan({"cp-1": {"vm_id": None}})
+    assert node_changes.replaced_nodes(picked, OLD) == {} and node_changes.replaced_nodes(OLD, picked) == {}
+
+
+def test_numbers_read_back_from_the_engine_as_floats_are_the_same_numbers():
+    through_the_engine = plan({name: {"vm_id": float(9100 + n), "cores": 2.0, "disk_gb": 20.0}
+                               for name, n in (("cp-1", 1), ("cp-2", 2), ("cp-3", 3), ("w-1", 4))})
+    assert node_changes.problems(through_the_engine, OLD) == []
+    assert node_changes.replaced_nodes(through_the_engine, plan({"cp-1": {"vm_id": 9201}})) == {
+        "cp-1": ["vmId 9101 -> 9201"]}
+
+
+def test_the_first_up_has_nothing_to_compare():
+    assert node_changes.problems(None, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})) == []
+
+
+# --- refused ------------------------------------------------------------------------------------
+
+def test_two_replaced_vms_in_one_up_are_refused_naming_both():
+    new = plan({"cp-2": {"vm_id": 9202}, "w-1": {"mac": "bc:24:11:00:02:04"}})
+    reordered = {**new, "nodes": dict(reversed(new["nodes"].items()))}  # as the engine may hand them over
+    assert node_changes.problems(OLD, reordered) == node_changes.problems(OLD, new)
+    [problem] = node_changes.problems(OLD, new)
+    assert problem == ("nodes cp-2 (vmId 9102 -> 9202), w-1 (mac 'bc:24:11:00:01:04' -> 'bc:24:11:00:02:04') would "
+                       "each have their VM replaced in one up; a replaced VM takes its node out of the cluster (etcd "
+                       "leave, reset) and back in (a first apply on the new VM), so replace one node per `pulumi up`")
+
+
+@pytest.mark.parametrize("other, named", [
+    ({"installer_image": "factory.talos.dev/installer/abc:v1.13.8"},
+     f"the Talos installer {INSTALLER} -> factory.talos.dev/installer/abc:v1.13.8"),
+    ({"kubernetes_version": "1.36.3"}, "kubernetesVersion 1.36.2 -> 1.36.3"),
+    ({"nodes": {"cp-1": {"cores": 4}}}, "node cp-1's cpu 2 -> 4"),
+    ({"nodes": {"w-1": {"cpu_type": "x86-64-v3"}}}, "node w-1's proxmox.cpuType host -> x86-64-v3"),
+])
+def test_a_replaced_vm_with_another_change_that_rolls_nodes_is_refused_naming_it(other, named):
+    changes = dict(other)
+    nodes = {"cp-2": {"vm_id": 9202}, **changes.pop("nodes", {})}
+    [problem] = node_changes.problems(OLD, plan(nodes, **changes))
+    assert problem == ("node cp-2: vmId 9102 -> 9202 replaces its VM, which takes the node out of the cluster and "
+                       f"back in; make that the only node change of its `pulumi up` (this one also changes: {named})")
+
+
+def test_a_replaced_vm_with_a_node_added_or_removed_is_refused():
+    added = plan({"cp-2": {"vm_id": 9202}})
+    added["nodes"]["w-2"] = {"role": "worker", "vm": vm(5)}
+    removed = plan({"cp-2": {"vm_id": 9202}})
+    del removed["nodes"]["w-1"]
+    assert node_changes.problems(OLD, added)[0].endswith("(this one also changes: node w-2 added)")
+    assert node_changes.problems(OLD, removed)[0].endswith("(this one also changes: node w-1 removed)")
+
+
+def test_the_only_control_planes_vm_is_never_replaced():
+    old = {**OLD, "nodes": {"cp-1": OLD["nodes"]["cp-1"], "w-1": OLD["nodes"]["w-1"]}}
+    new = {**old, "nodes": {**old["nodes"], "cp-1": {"role": "controlplane", "vm": vm(1, vm_id=9201)}}}
+    assert node_changes.problems(old, new) == [
+        "node cp-1: vmId 9101 -> 9201 would replace the VM of the cluster's only control plane, and etcd with it; "
+        "add a second control plane first (one `pulumi up`), then replace this one"]
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"disk_gb": 10}, "node cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk; keep 20 GiB or more, or to change "
+                      "it, take cp-1 out of nodes and `pulumi up` (it leaves etcd and is reset), then add it back with "
+                      "the new disk and `pulumi up` again"),
+    ({"disk_gb": 10.0}, "node cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk"),
+])
+def test_a_smaller_disk_is_refused_with_the_way_to_do_it(change, expected):
+    [problem] = node_changes.problems(OLD, plan({"cp-1": change}))
+    assert problem.startswith(expected)
+
+
+def test_a_data_disk_may_be_added_or_grown_but_not_removed_or_shrunk():
+    with_data = plan({"w-1": {"data_disk_gb": 50}})
+    assert node_changes.problems(OLD, with_data) == []
+    assert node_changes.problems(with_data, plan({"w-1": {"data_disk_gb": 80}})) == []
+    [removed] = node_changes.problems(with_data, OLD)
+    assert removed.startswith("node w-1: dataDisk removed (was 50 GiB): its data would be lost; to change it, take "
+                              "w-1 out of nodes")
+    [shrunk] = node_changes.problems(with_data, plan({"w-1": {"data_disk_gb": 40}}))
+    assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB: Proxmox cannot shrink a disk; keep 50 GiB or more")
+
+
+# --- the NodeChanges provider -------------------------------------------------------------------
+
+def test_node_changes_checks_the_new_plan_against_the_recorded_one():
+    provider = NodeChangesProvider()
+    recorded = provider.create(OLD).outs
+    assert recorded == OLD and provider.check({}, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})).failures == []
+    failures = provider.check(recorded, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})).failures
+    assert [(f.property, f.reason.split(" would ")[0]) for f in failures] == [
+        ("nodes", "nodes cp-1 (vmId 9101 -> 1), cp-2 (vmId 9102 -> 2)")]
+    assert provider.diff("id", recorded, OLD).changes is False
+    assert provider.diff("id", recorded, plan({"w-1": {"cores": 4}})).changes is True
+    assert provider.update("id", recorded, plan({"w-1": {"cores": 4}})).outs["nodes"]["w-1"]["vm"]["cores"] == 4
+
+
+# --- the node's own resources with a replaced VM ------------------------------------------------
+
+def lifecycle_props(**changes) -> dict:
+    return {"node_name": "cp-2", "address": "10.5.0.2", "endpoint": None, "role": "controlplane",
+            "installer_image": INSTALLER, "talos_version": "v1.13.7", "kubernetes_version": "1.36.2",
+            "timeout_seconds": 10, "reset_on_delete": True, "etcd_snapshots": None, "vm": vm(2), "vm_id": 9102.0,
+            "vm_replacement": REMOVE_AND_ADD, "position": "2 of 4", "talosconfig": "context: x\n", **changes}
+
+
+def test_the_lifecycle_is_replaced_first_when_its_vm_is():
+    provider = NodeLifecycleProvider()
+    olds = lifecycle_props()
+    # What the engine asks when it works out a delete-before-replace of the VM: the VM's id unknown.
+    asked = provider.diff("id", olds, {**olds, "vm_id": Unknown()})
+    assert (asked.replaces, asked.delete_before_replace) == (["vm_id"], True)
+    assert provider.diff("id", olds, {**olds, "vm_id": 9202}).replaces == ["vm_id"]
+    unchanged = provider.diff("id", olds, {**olds, "vm_id": 9102})
+    assert (unchanged.changes, unchanged.replaces) == (False, [])
+    moved = provider.diff("id", olds, {**olds, "address": "10.5.0.9"})  # anything else is an update
+    assert (moved.changes, moved.replaces) == (True, [])
+
+
+def test_a_lifecycle_from_before_replacements_stops_the_plan_until_it_is_recorded():
+    provider = NodeLifecycleProvider()
+    older = {key: value for key, value in lifecycle_props().items() if key != "vm_replacement"}
+    with pytest.raises(ValueError) as refused:
+        provider.diff("id", older, {**lifecycle_props(), "vm_id": Unknown()})
+    assert str(refused.value) == (
+        "node cp-2: its VM would be replaced, and its state comes from a version of this program that kept VMs "
+        "instead; `pulumi up` once without this change (it records the node as this version does), then make it")
+    recorded = provider.diff("id", older, lifecycle_props())  # the first up records it
+    assert (recorded.changes, recorded.replaces) == (True, [])
+
+
+def test_the_apply_is_replaced_with_its_vm_and_a_state_without_the_id_only_records_it():
+    provider = ConfigurationApplyProvider()
+    config = "version: v1alpha1\n"
+    from talos_proxmox.talos_api import operations
+    olds = {"node": "10.5.0.2", "endpoint": None, "mode": "auto", "try_timeout_seconds": None, "timeout_seconds": 600,
+            "vm_id": 9102.0, "config_sha256": operations.config_sha256(config)}
+    news = {**olds, "machine_configuration": config}
+    asked = provider.diff("id", olds, {**news, "vm_id": Unknown()})
+    assert (asked.replaces, asked.delete_before_replace) == (["vm_id"], True)
+    assert provider.diff("id", olds, {**news, "vm_id": 9202}).replaces == ["vm_id"]
+    assert provider.diff("id", olds, news).changes is False
+    older = {key: value for key, value in olds.items() if key != "vm_id"}
+    recorded = provider.diff("id", older, news)
+    assert (recorded.changes, recorded.replaces) == (True, [])
+    assert provider.update("id", older, news).outs["vm_id"] == 9102.0  # recorded, nothing sent (same config)
+
+
+def test_the_install_wait_takes_a_node_in_a_new_vm_as_a_new_node():
+    olds = {"nodes": [{"name": "cp-1", "address": "10.5.0.1", "vm_id": 9101.0},
+                      {"name": "cp-2", "address": "10.5.0.2", "vm_id": 9102.0}]}
+    replaced = {"nodes": [{"name": "cp-1", "address": "10.5.0.1", "vm_id": 9101},
+                          {"name": "cp-2", "address": "10.5.0.2", "vm_id": 9202}]}
+    assert _installing(olds, replaced) == {"cp-2": "10.5.0.2"}
+    assert _installing(olds, olds) == {}
+    older = {"nodes": [{"name": "cp-1", "address": "10.5.0.1"}, {"name": "cp-2", "address": "10.5.0.2"}]}
+    assert _installing(older, replaced) == {}  # recorded before VM ids were: not a new VM
