@@ -213,19 +213,19 @@ class BootstrapProvider(_TalosNodeProvider):
         return dynamic.CreateResult(id_=f"bootstrap-{props['node']}", outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        # Bootstrapping happens once; only another node is a new bootstrap (which Talos turns
-        # into ALREADY_EXISTS, i.e. success, on a member of a running cluster).
-        replaces = ["node"] if olds.get("node") != news.get("node") else []
-        changed = replaces or [k for k in ("endpoint", "timeout_seconds") if olds.get(k) != news.get(k)]
-        return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[], delete_before_replace=False)
+        # A cluster is bootstrapped once, ever. Another first control plane (the first one was taken out
+        # of the stack, or moved into a new VM) is only recorded: a second Bootstrap would start a new
+        # etcd on a node whose data directory happens to be empty, splitting the cluster.
+        changed = [k for k in ("node", "endpoint", "timeout_seconds") if olds.get(k) != news.get(k)]
+        return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs={**_state(olds), "endpoint": news.get("endpoint"),
-                                          "timeout_seconds": news.get("timeout_seconds")})
+        return dynamic.UpdateResult(outs={**_state(olds), **{k: news.get(k) for k in ("node", "endpoint",
+                                                                                     "timeout_seconds")}})
 
 
 class Bootstrap(dynamic.Resource):
-    """etcd bootstrapped on the first control plane node, once."""
+    """etcd bootstrapped on the first control plane node, once: never again, whichever node is first later."""
 
     node: pulumi.Output[str]
     already_bootstrapped: pulumi.Output[bool]

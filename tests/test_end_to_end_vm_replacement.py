@@ -9,7 +9,9 @@ The ups, in order, each after its preview, on three control planes and a worker:
   cp1_new_id   e2e-cp-1, the bootstrap node, vmId 9102 -> 9202: it rejoins etcd, with no second bootstrap;
   worker_mac   the worker's MAC changes: its machine config names the new MAC, which the new VM has;
   cp2_new_host e2e-cp-2 moves from Proxmox host pve to pve2 (the same vmId, on the new host);
-  with_upgrade e2e-cp-3's vmId and the Talos version in one up: refused in the preview.
+  with_upgrade e2e-cp-3's vmId and the Talos version in one up: refused in the preview;
+  cp1_removed  e2e-cp-1, the bootstrap node, taken out of the stack: it leaves etcd, and e2e-cp-2, now the
+               first control plane, is not bootstrapped (the Bootstrap resource records it).
 """
 
 from __future__ import annotations
@@ -48,9 +50,16 @@ def ups(tmp_path_factory) -> dict:
         _node(refused, CP3)["vmId"] = 9204
         refused["cluster"]["talosVersion"] = UPGRADE
         done["with_upgrade"] = cluster.up(refused, fails=True)
-        done["etcd"] = {name: sorted(m.hostname for m in cluster.nodes[name].etcd_members) for name in (CP1, CP2, CP3)}
+        done["etcd"] = etcd_members(cluster)
+        config["nodes"] = [node for node in config["nodes"] if node["name"] != CP1]
+        done["cp1_removed"] = cluster.up(config)
+        done["etcd_after_removal"] = etcd_members(cluster)
         done["pve"], done["kube"], done["nodes"] = cluster.pve, cluster.kube, cluster.nodes
         yield done
+
+
+def etcd_members(cluster) -> dict[str, list[str]]:
+    return {name: sorted(m.hostname for m in cluster.nodes[name].etcd_members) for name in (CP1, CP2, CP3)}
 
 
 def steps(up: Up, name: str) -> list[str]:
@@ -113,7 +122,7 @@ def test_the_node_leaves_etcd_and_is_reset_before_its_vm_goes_then_installs_in_t
     assert snapshot.at < leave.at < reset.at < destroyed[0] < made[0] < apply.at
     assert apply.mode == "maintenance" and apply.request.data == up.rendered[CP1]
     assert rpcs(calls[calls.index(apply):], "Version"), "the up did not wait for the node's install"
-    assert pve.vm(9102) is None and pve.vm(9202).node == "pve"
+    assert pve.vm(9102) is None
 
 
 def test_the_bootstrap_node_rejoins_etcd_without_a_second_bootstrap(ups):
@@ -171,3 +180,18 @@ def test_a_new_vm_with_an_upgrade_is_refused_in_the_preview_before_any_vm(ups):
     assert not [step for step in refused.monitor.steps if step.name in {name for name, _, _ in NODES}]
     for name, _, _ in NODES:
         assert refused.new_calls(before, name) == [], name
+
+
+# --- the bootstrap node taken out of the stack ------------------------------------------------------
+
+def test_removing_the_bootstrap_node_bootstraps_no_other(ups):
+    before, up = ups["with_upgrade"], ups["cp1_removed"]
+    assert up.error is None
+    assert {step.name for step in up.monitor.steps if step.op == "delete"} == {
+        CP1, f"machineconfig-{CP1}", f"lifecycle-{CP1}", f"apply-{CP1}"}
+    assert steps(up, "bootstrap") == ["update"]
+    assert up.monitor.state_named("bootstrap").outputs["node"] == "127.0.0.3"  # e2e-cp-2's address
+    for name, _, _ in NODES:
+        assert not rpcs(up.new_calls(before, name), "Bootstrap"), name
+    assert [call.rpc for call in rpcs(up.new_calls(before, CP1), *NODE_DOWN_RPCS)] == ["EtcdLeaveCluster", "Reset"]
+    assert ups["etcd_after_removal"][CP2] == sorted([CP2, CP3])

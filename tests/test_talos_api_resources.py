@@ -280,6 +280,17 @@ def test_bootstrap_waits_while_not_available_yet(configured_node):
     assert len(configured_node.calls_for("Bootstrap")) == 3
 
 
+def test_another_first_control_plane_is_recorded_never_bootstrapped(configured_node):
+    provider = talos_operations.BootstrapProvider()
+    outs = provider.create(_props(configured_node)).outs
+    moved = {**_props(configured_node), "node": "127.0.0.9"}
+    diff = provider.diff("id", outs, moved)
+    assert (diff.changes, diff.replaces) == (True, [])
+    assert provider.update("id", outs, moved).outs["node"] == "127.0.0.9"
+    assert len(configured_node.calls_for("Bootstrap")) == 1  # the create's only
+    assert provider.diff("id", {**outs, "node": "127.0.0.9"}, moved).changes is False
+
+
 def test_bootstrap_on_a_worker_fails_at_once(configured_node):
     configured_node.fail_next("Bootstrap", grpc.StatusCode.UNIMPLEMENTED, "bootstrap is only available on control plane nodes")
     with pytest.raises(Exception, match="only available on control plane nodes"):
