@@ -79,7 +79,8 @@ class TalosCluster(pulumi.ComponentResource):
         # Every node installs at once after its first apply; this waits for all of them together.
         self.nodes_installed = NodesInstalled(
             "nodes-installed",
-            nodes=[{"name": n.name, "address": n.address, "vm_id": self.nodes[n.name].vm.vm_id} for n in rolled_nodes],
+            nodes=[{"name": n.name, "address": n.address, "role": n.role, "vm_id": self.nodes[n.name].vm.vm_id}
+                   for n in rolled_nodes],
             talosconfig=self.talosconfig_resource.talosconfig,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[node.apply for node in self.nodes.values()]))
 

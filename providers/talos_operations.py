@@ -22,6 +22,7 @@ import pulumi.dynamic as dynamic
 
 from providers import has_unknowns, vm_replaced
 
+from talos_proxmox.day_two import rolling
 from talos_proxmox.day_two.progress import progress_printer
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
@@ -161,11 +162,20 @@ def _installing(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, str]:
     return {node["name"]: node["address"] for node in news["nodes"] if new(node)}
 
 
+def _rejoining(olds: dict[str, Any], news: dict[str, Any]) -> list[rolling.RollNode]:
+    """The nodes of `news` in a new VM at the same address: they join a running cluster."""
+    before = {node["name"]: node for node in olds.get("nodes") or []}
+    return [rolling.RollNode(node["name"], node["address"], node.get("role") or "worker") for node in news["nodes"]
+            if node["name"] in before and before[node["name"]]["address"] == node["address"]
+            and vm_replaced(before[node["name"]], node)]
+
+
 class NodesInstalledProvider(_TalosNodeProvider):
     def check(self, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
         return dynamic.CheckResult(news, [])
 
-    def _wait(self, props: dict[str, Any], nodes: dict[str, str]) -> dict[str, Any]:
+    def _wait(self, props: dict[str, Any], nodes: dict[str, str],
+              rejoining: list[rolling.RollNode] = ()) -> dict[str, Any]:
         credentials = read_talosconfig(props["talosconfig"]).credentials
         order = [node["name"] for node in props["nodes"]]
         printers = {name: progress_printer("install", position=f"{order.index(name) + 1} of {len(order)}")
@@ -175,6 +185,12 @@ class NodesInstalledProvider(_TalosNodeProvider):
         operations.wait_until_all_ready(
             nodes, lambda address: TalosClient([address], credentials=credentials, node=address),
             timeout=_timeout(props), on_ready=lambda name, tag: printers[name](f"configured ({tag})", name))
+        # A node in a new VM rejoins a running cluster: the up is done once it is healthy (its services,
+        # and a control plane in etcd as every member sees it), as after any roll step.
+        for node in rejoining:
+            with rolling.client_for(node, props["talosconfig"]) as client:
+                rolling.wait_healthy(client, node, timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
+            printers[node.name]("healthy", node.name)
         return {"nodes": props["nodes"], "timeout_seconds": props.get("timeout_seconds")}
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
@@ -185,13 +201,13 @@ class NodesInstalledProvider(_TalosNodeProvider):
         return dynamic.DiffResult(changes=changed, replaces=[], stables=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult(outs=self._wait(news, _installing(olds, news)))
+        return dynamic.UpdateResult(outs=self._wait(news, _installing(olds, news), _rejoining(olds, news)))
 
 
 class NodesInstalled(dynamic.Resource):
     """Every node that got its first configuration has installed and answers over mTLS; nodes added
-    later, or put in a new VM, are waited for on the up that does it. `nodes`: [{name, address, vm_id}]
-    in roll order, vm_id an output of the node's VM."""
+    later, or put in a new VM, are waited for on the up that does it (the latter until healthy).
+    `nodes`: [{name, address, role, vm_id}] in roll order, vm_id an output of the node's VM."""
 
     nodes: pulumi.Output[list]
 

@@ -121,7 +121,11 @@ def test_the_node_leaves_etcd_and_is_reset_before_its_vm_goes_then_installs_in_t
     # The old VM is gone before the new one exists: never two VMs with the node's MAC.
     assert snapshot.at < leave.at < reset.at < destroyed[0] < made[0] < apply.at
     assert apply.mode == "maintenance" and apply.request.data == up.rendered[CP1]
-    assert rpcs(calls[calls.index(apply):], "Version"), "the up did not wait for the node's install"
+    after_install = calls[calls.index(apply):]
+    assert rpcs(after_install, "Version"), "the up did not wait for the node's install"
+    # then for it to be healthy in the running cluster: its services, etcd as every member sees it
+    assert rpcs(after_install, "ServiceList") and rpcs(after_install, "EtcdMemberList")
+    assert rpcs(after_install, "ServiceList")[-1].at < at(up, "nodes-installed", "update")
     assert pve.vm(9102) is None
 
 

@@ -8,7 +8,7 @@ import pytest
 from pulumi.output import Unknown
 
 from providers.node_lifecycle import REMOVE_AND_ADD, NodeChangesProvider, NodeLifecycleProvider
-from providers.talos_operations import ConfigurationApplyProvider, _installing
+from providers.talos_operations import ConfigurationApplyProvider, _installing, _rejoining
 from talos_proxmox.day_two import node_changes
 
 VM = dict(host="pve1", vm_id=9101, mac="bc:24:11:00:01:01", cores=2, memory_mib=4096, cpu_type="host",
@@ -207,3 +207,13 @@ def test_the_install_wait_takes_a_node_in_a_new_vm_as_a_new_node():
     assert _installing(olds, olds) == {}
     older = {"nodes": [{"name": "cp-1", "address": "10.5.0.1"}, {"name": "cp-2", "address": "10.5.0.2"}]}
     assert _installing(older, replaced) == {}  # recorded before VM ids were: not a new VM
+
+
+def test_a_node_in_a_new_vm_at_its_address_rejoins_and_is_waited_for_until_healthy():
+    olds = {"nodes": [{"name": "cp-1", "address": "10.5.0.1", "role": "controlplane", "vm_id": 9101.0},
+                      {"name": "w-1", "address": "10.5.0.4", "role": "worker", "vm_id": 9104.0}]}
+    news = {"nodes": [{"name": "cp-1", "address": "10.5.0.1", "role": "controlplane", "vm_id": 9201},
+                      {"name": "w-1", "address": "10.5.0.9", "role": "worker", "vm_id": 9204},
+                      {"name": "w-2", "address": "10.5.0.5", "role": "worker", "vm_id": 9105}]}
+    assert [(n.name, n.address, n.role) for n in _rejoining(olds, news)] == [("cp-1", "10.5.0.1", "controlplane")]
+    assert _rejoining(olds, olds) == [] and _rejoining({}, news) == []
