@@ -52,6 +52,7 @@ MODULES = {
                 ["tests/test_rolling_upgrade.py", "tests/test_talos_health.py", "tests/test_node_lifecycle.py"]),
     "removal": (["talos_proxmox/day_two/node_removal.py"], ["tests/test_node_removal.py"]),
     "drain": (["talos_proxmox/day_two/node_drain.py"], ["tests/test_node_drain.py", "tests/test_rolling_upgrade.py"]),
+    "changes": (["talos_proxmox/day_two/node_changes.py"], ["tests/test_node_changes.py"]),
 }
 STARTUP_SECONDS = 30  # a fresh pytest's imports and collection, on a loaded 2-core machine
 TIMED_OUT = 36  # mutmut's exit code for a timeout
