@@ -541,3 +541,16 @@ def test_an_uncordon_that_fails_is_a_failure_once_upgraded_and_said_while_stoppi
                          on_event=lambda what, who: heard.append((what, who)))
     [(what, who)] = [(what, who) for what, who in heard if what.startswith("uncordon-failed")]
     assert who == "cp-1" and "HTTP 403" in what
+
+
+@pytest.mark.parametrize("done, untouched, expected", [
+    ((), (), "node cp-2 (10.5.0.2): no answer"),
+    (("cp-1",), (), "rolling operation stopped at node cp-2 (10.5.0.2): no answer; finished: cp-1; not touched: none"),
+    ((), ("cp-3",), "rolling operation stopped at node cp-2 (10.5.0.2): no answer; finished: none; not touched: cp-3"),
+    (("cp-1", "cp-0"), ("cp-3", "w-1"),
+     "rolling operation stopped at node cp-2 (10.5.0.2): no answer; finished: cp-1, cp-0; not touched: cp-3, w-1"),
+])
+def test_a_roll_error_names_the_node_and_what_was_finished_and_not_touched(done, untouched, expected):
+    error = RollError(RollNode("cp-2", "10.5.0.2", "controlplane"), "no answer", done, untouched)
+    assert str(error) == expected
+    assert (error.done, error.untouched) == (tuple(done), tuple(untouched))
