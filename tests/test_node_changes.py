@@ -94,6 +94,21 @@ def test_a_replaced_vm_with_another_change_that_rolls_nodes_is_refused_naming_it
                        f"back in; make that the only node change of its `pulumi up` (this one also changes: {named})")
 
 
+def test_a_data_disk_is_checked_when_the_boot_disk_was_not_recorded():
+    unrecorded = plan({"w-1": {"disk_gb": None, "data_disk_gb": 50}})
+    [shrunk] = node_changes.problems(unrecorded, plan({"w-1": {"disk_gb": None, "data_disk_gb": 40}}))
+    assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB")
+
+
+def test_every_change_is_named_when_there_are_several():
+    both = plan({"cp-2": {"vm_id": 9202, "mac": "bc:24:11:00:02:02"}},
+                installer_image="factory.talos.dev/installer/abc:v1.13.8", kubernetes_version="1.36.3")
+    [problem] = node_changes.problems(OLD, both)
+    assert problem.startswith("node cp-2: vmId 9102 -> 9202, mac 'bc:24:11:00:01:02' -> 'bc:24:11:00:02:02' replaces")
+    assert problem.endswith(f"(this one also changes: the Talos installer {INSTALLER} -> "
+                            "factory.talos.dev/installer/abc:v1.13.8; kubernetesVersion 1.36.2 -> 1.36.3)")
+
+
 def test_a_replaced_vm_with_a_node_added_or_removed_is_refused():
     added = plan({"cp-2": {"vm_id": 9202}})
     added["nodes"]["w-2"] = {"role": "worker", "vm": vm(5)}
@@ -127,8 +142,9 @@ def test_a_data_disk_may_be_added_or_grown_but_not_removed_or_shrunk():
     assert node_changes.problems(OLD, with_data) == []
     assert node_changes.problems(with_data, plan({"w-1": {"data_disk_gb": 80}})) == []
     [removed] = node_changes.problems(with_data, OLD)
-    assert removed.startswith("node w-1: dataDisk removed (was 50 GiB): its data would be lost; to change it, take "
-                              "w-1 out of nodes")
+    assert removed == ("node w-1: dataDisk removed (was 50 GiB): its data would be lost; to change it, take w-1 out "
+                       "of nodes and `pulumi up` (it leaves etcd and is reset), then add it back with the new disks "
+                       "and `pulumi up` again")
     [shrunk] = node_changes.problems(with_data, plan({"w-1": {"data_disk_gb": 40}}))
     assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB: Proxmox cannot shrink a disk; keep 50 GiB or more")
 
