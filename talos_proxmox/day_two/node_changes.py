@@ -19,8 +19,8 @@ from typing import Any, Mapping, Optional
 
 from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes, normalized
 
-# fact -> (stack key, what it is to Proxmox): a change of any of them makes a new VM.
-IDENTITY = {"host": ("proxmoxNode", "Proxmox host"), "vm_id": ("vmId", "VM id"), "mac": ("mac", "MAC address")}
+# fact -> its stack key: a change of any of them makes a new VM.
+IDENTITY = {"host": "proxmoxNode", "vm_id": "vmId", "mac": "mac"}
 DISKS = {"disk_gb": "disk", "data_disk_gb": "dataDisk.size"}
 
 
@@ -30,7 +30,7 @@ def identity_changes(old_vm: Optional[Mapping[str, Any]], new_vm: Mapping[str, A
     if not old_vm:
         return []
     old, new = normalized(old_vm), normalized(new_vm)
-    return [f"{key} {old[fact]!r} -> {new[fact]!r}" for fact, (key, _what) in IDENTITY.items()
+    return [f"{key} {old[fact]!r} -> {new[fact]!r}" for fact, key in IDENTITY.items()
             if old.get(fact) is not None and new.get(fact) is not None and old[fact] != new[fact]]
 
 
