@@ -321,6 +321,7 @@ def _current_upgrade(credentials, nodes, stand_in, name, events=None, **kwargs):
 
 @pytest.mark.parametrize("tag, lifecycle", [
     ("v1.13.0", True), ("v1.13.7", True), ("v1.14.0-rc.1", True), ("v1.17.2", True), ("1.13.1", True),
+    ("v1.14.0-RC.1", True), ("v1.13.1-alpha.0", True),  # upper-case pre-releases; any pre-release past 1.13.0
     ("v1.13.0-alpha.3", True), ("v1.13.0-beta.0", True), ("v1.13.0-alpha.2.1", True), ("v1.13.0-alpha.10", True),
     ("v1.13.0-3", False),  # a numeric pre-release sorts below any word
     ("v1.13.0-alpha.2", False), ("v1.13.0-alpha.1", False), ("v1.13.0-alpha", False),
@@ -554,3 +555,106 @@ def test_a_roll_error_names_the_node_and_what_was_finished_and_not_touched(done,
     error = RollError(RollNode("cp-2", "10.5.0.2", "controlplane"), "no answer", done, untouched)
     assert str(error) == expected
     assert (error.done, error.untouched) == (tuple(done), tuple(untouched))
+
+
+# --- the health wait and the reboot wait, branch by branch ------------------------------------------
+
+def _fail_services(fake, times):
+    """etcd reported Failed by the next `times` ServiceList answers, Running after."""
+    answers = []
+
+    def service_list(node, request, context):
+        answers.append(len(answers) < times)
+        state = "Failed" if answers[-1] else "Running"
+        return machine_pb2.ServiceListResponse(messages=[machine_pb2.ServiceList(services=[
+            machine_pb2.ServiceInfo(id=s.id, state=state if s.id == "etcd" else s.state, health=s.health)
+            for s in node.services])])
+    fake.behaviours["ServiceList"] = service_list
+    return answers
+
+
+def test_an_unhealthy_node_is_waited_for_until_it_is_healthy(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    answers = _fail_services(fakes["cp-1"], times=2)
+    with _client(credentials, cp1) as client:
+        wait_healthy(client, cp1, timeout=10, backoff=FAST)
+    assert answers[:3] == [True, True, False]
+
+
+def test_a_node_still_unhealthy_at_the_deadline_is_named_with_every_problem(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname != "cp-1"]
+    clock = FakeClock()  # moves only when the wait sleeps: no call is cut short by the deadline
+    with _client(credentials, cp1) as client, pytest.raises(RollError) as failed:
+        wait_healthy(client, cp1, timeout=5, backoff=FAST, sleep=clock.sleep, clock=clock)
+    assert str(failed.value) == (
+        "node cp-1 (10.5.0.1): not healthy after 5s: etcd member on cp-1: no member has a URL on 10.5.0.1; "
+        "etcd members consistent on cp-2: lists members [101, 102, 103], cp-1 lists [102, 103]; "
+        "etcd members consistent on cp-3: lists members [101, 102, 103], cp-1 lists [102, 103]")
+
+
+def test_a_problem_seen_before_the_node_stopped_answering_is_kept_in_the_message(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    _fail_services(fakes["cp-1"], times=1)
+    original = fakes["cp-1"].behaviours["ServiceList"]
+
+    def then_gone(node, request, context):
+        reply = original(node, request, context)
+        node.fail_next("Version", grpc.StatusCode.UNAVAILABLE, "connection refused", times=1000)
+        return reply
+    fakes["cp-1"].behaviours["ServiceList"] = then_gone
+    clock = FakeClock()
+    with _client(credentials, cp1) as client, pytest.raises(RollError) as failed:
+        wait_healthy(client, cp1, timeout=2, backoff=FAST, sleep=clock.sleep, clock=clock)
+    message = str(failed.value)
+    assert message.startswith("node cp-1 (10.5.0.1): not healthy after 2s: service healthy on cp-1: service etcd "
+                              "is Failed (then: Talos API Version at ")
+    assert message.endswith(")") and message.count(" (then: ") == 1
+
+
+def test_an_error_answer_to_the_health_check_stops_at_once_naming_the_node(cluster, credentials):
+    nodes, fakes = cluster
+    cp1 = next(n for n in nodes if n.name == "cp-1")
+    fakes["cp-1"].fail_next("ServiceList", grpc.StatusCode.PERMISSION_DENIED, "not authorized", times=100)
+    started = time.monotonic()
+    with _client(credentials, cp1) as client, pytest.raises(RollError) as failed:
+        wait_healthy(client, cp1, timeout=20, backoff=FAST)
+    assert str(failed.value).startswith("node cp-1 (10.5.0.1): health check failed: ")
+    assert "not authorized" in str(failed.value) and failed.value.node is cp1
+    assert time.monotonic() - started < 10
+
+
+def test_a_node_already_on_the_new_version_without_going_down_counts_as_rebooted(cluster, credentials):
+    nodes, fakes = cluster
+
+    def upgraded_at_once(node, request, context):
+        node.version_tag = NEW  # e.g. it rebooted between two of our polls
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+    fakes["worker-1"].behaviours["Upgrade"] = upgraded_at_once
+    events = []
+    _upgrade(credentials, _worker(nodes), on_event=lambda what, name: events.append(what))
+    assert events == ["healthy-before", "upgrade-requested", "rebooted", "healthy"]
+
+
+def test_a_node_on_neither_version_is_still_waited_for(cluster, credentials):
+    nodes, fakes = cluster
+
+    def on_another_version(node, request, context):
+        node.version_tag = "v1.12.9"
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+    fakes["worker-1"].behaviours["Upgrade"] = on_another_version
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes), timeout=1.5)
+    assert "still running Talos v1.12.9; waiting for it to reboot" in str(failed.value)
+
+
+def test_an_upgrade_call_that_never_gets_through_names_the_retried_step(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].fail_next("Upgrade", grpc.StatusCode.UNAVAILABLE, "connection reset", times=1000)
+    with pytest.raises(RollError) as failed:
+        _upgrade(credentials, _worker(nodes), timeout=1.5)
+    assert str(failed.value).startswith(f"node worker-1 (10.5.0.11): upgrade to {IMAGE} was refused: "
+                                        "upgrade worker-1: gave up after ")
