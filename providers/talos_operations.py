@@ -110,7 +110,7 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
         replaces = ["node"] if "node" in changed else []
         if vm_replaced(olds, news):
             replaces.append("vm_id")
-        return dynamic.DiffResult(changes=bool(changed) or bool(replaces), replaces=replaces, stables=[],
+        return dynamic.DiffResult(changes=bool(changed), replaces=replaces, stables=[],
                                   delete_before_replace="vm_id" in replaces)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
@@ -152,18 +152,16 @@ class ConfigurationApply(dynamic.Resource):
 
 def _installing(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, str]:
     """name -> address of the nodes in `news` that `olds` did not have: not at that address, or in another
-    VM (a replaced VM installs afresh). A node recorded without its VM id is not taken as a new VM."""
-    before = {node["name"]: node for node in olds.get("nodes") or []}
-
-    def new(node: dict[str, Any]) -> bool:
-        old = before.get(node["name"])
-        return old is None or old["address"] != node["address"] or vm_replaced(old, node)
-
-    return {node["name"]: node["address"] for node in news["nodes"] if new(node)}
+    VM (`_rejoining`: a replaced VM installs afresh)."""
+    before = {node["name"]: node["address"] for node in olds.get("nodes") or []}
+    rejoining = {node.name for node in _rejoining(olds, news)}
+    return {node["name"]: node["address"] for node in news["nodes"]
+            if node["name"] in rejoining or before.get(node["name"]) != node["address"]}
 
 
 def _rejoining(olds: dict[str, Any], news: dict[str, Any]) -> list[rolling.RollNode]:
-    """The nodes of `news` in a new VM at the same address: they join a running cluster."""
+    """The nodes of `news` in a new VM at the same address: they join a running cluster. A node recorded
+    without its VM id is not taken as in a new VM."""
     before = {node["name"]: node for node in olds.get("nodes") or []}
     return [rolling.RollNode(node["name"], node["address"], node.get("role") or "worker") for node in news["nodes"]
             if node["name"] in before and before[node["name"]]["address"] == node["address"]

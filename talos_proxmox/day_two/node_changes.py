@@ -99,8 +99,8 @@ def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[s
                      f"their VM replaced in one up; a replaced VM takes its node out of the cluster (etcd leave, reset) "
                      f"and back in (a first apply on the new VM), so replace one node per `pulumi up`")
         return found
+    control_planes = [name for name, node in new["nodes"].items() if node.get("role") == "controlplane"]
     for name, what in described.items():
-        control_planes = [n for n, node in new["nodes"].items() if node.get("role") == "controlplane"]
         if control_planes == [name]:
             found.append(f"node {name}: {what} would replace the VM of the cluster's only control plane, and "
                          f"etcd with it; add a second control plane first (one `pulumi up`), then replace this one")
