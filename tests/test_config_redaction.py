@@ -332,3 +332,28 @@ def test_the_diff_shows_three_lines_of_context_by_default():
     new = old.replace("k5: 5", "k5: 50")
     lines = config_diff(old, new).splitlines()
     assert [line for line in lines if line.startswith(" ")] == [f" k{i}: {i}" for i in (2, 3, 4, 6, 7, 8)]
+
+
+@pytest.mark.parametrize("role", ["controlplane", "worker"])
+def test_a_v1_14_config_shows_no_secret_even_without_the_bundle(role):
+    # Its keys are PEM text in the Kubernetes documents and the discovery identity has a document of its own.
+    bundle = secrets_bundle.generate_secrets("v1.14.0")
+    disk = {"apiVersion": "v1alpha1", "kind": "UnattendedInstallConfig",
+            "provisioning": {"diskSelector": {"match": 'disk.dev_path == "/dev/sda"'}}}
+    text = render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, role, "v1.14.0", "1.37.0", [disk])
+    redacted = redact_config(text)
+    secrets = [s for s in secrets_bundle.secret_strings(bundle) if len(s) >= 8]
+    pem_lines = [line for s in secrets for line in _bundle_leaves({"s": s})[1:] if "-----" not in line]
+    assert [s for s in secrets + pem_lines if s in redacted] == []
+    documents = {d.get("kind", "v1alpha1"): d for d in parse_config(redacted)}
+    assert documents["DiscoveryIdentityConfig"]["clusterSecret"] == MASK
+    ca = documents["KubeAPIServerCAConfig"]
+    shown = ca["issuingCA"]["cert"] if role == "controlplane" else ca["acceptedCAs"][0]
+    assert shown.startswith("-----BEGIN CERTIFICATE-----") or shown.startswith("<certificate sha256:")
+    if role == "controlplane":
+        assert ca["issuingCA"] == {"cert": certificate_fingerprint(ca_pem(bundle)), "key": MASK}
+        assert documents["KubeServiceAccountConfig"]["issuer"]["privateKey"] == MASK
+
+
+def ca_pem(bundle):
+    return base64.b64decode(bundle["certs"]["k8s"]["crt"]).decode()

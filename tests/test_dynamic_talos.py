@@ -299,8 +299,8 @@ def test_whole_numbers_the_engine_sends_as_doubles_render_as_the_integers_they_w
     """Through the engine a patch's `mtu: 1420` arrives as 1420.0; Talos's integer fields refuse that."""
     node = seed.nodes()[0]
     inputs = _config_inputs(bundle, node)
-    as_doubles = {**inputs, "patches": [*inputs["patches"], {"apiVersion": "v1alpha1", "kind": "KubeSpanConfig",
-                                                              "enabled": True, "mtu": 1420.0},
+    as_doubles = {**inputs, "patches": [*inputs["patches"], {"apiVersion": "v1alpha1", "kind": "LinkConfig",
+                                                              "name": "eth1", "mtu": 1420.0},
                                          {"machine": {"kubelet": {"extraMounts": [{
                                              "destination": "/var/mnt", "type": "bind", "source": "/var/mnt",
                                              "uidMappings": [{"containerID": 0.0, "hostID": 1000.0, "size": 1.0}]}]}}}]}

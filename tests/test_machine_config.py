@@ -377,7 +377,7 @@ def test_failed_json_test_op_does_not_echo_secret_values(bundle):
 @pytest.mark.parametrize("kwargs, expected", [
     ({"role": "init"}, "role 'init' is not a node role"),
     ({"talos_version": "v1.11.5"}, "contract v1.11 is not supported"),
-    ({"talos_version": "v1.14.0"}, "contract v1.14 is not supported"),
+    ({"talos_version": "v1.15.0"}, "contract v1.15 is not supported"),
     ({"talos_version": "1.13"}, "is not a full Talos version"),
     ({"endpoint": "10.255.200.201:6443"}, "endpoint '10.255.200.201:6443' is not a Kubernetes API URL"),
     ({"kubernetes_version": "latest"}, "kubernetes_version 'latest'"),
@@ -477,7 +477,7 @@ def test_documents_are_matched_by_kind_and_name():
 
 def test_the_callers_patches_are_left_as_they_were():
     bundle = seed.shared_bundle()
-    patch = {"machine": {"network": {"hostname": "w1"}, "install": {"disk": "/dev/sdb"}}}
+    patch = {"machine": {"nodeLabels": {"zone": "w1"}, "install": {"disk": "/dev/sdb"}}}
     text_patch = "machine:\n  sysctls:\n    vm.max_map_count: '262144'\n"
     before = copy.deepcopy(patch)
     _render(bundle, "worker", [patch, text_patch])
@@ -542,3 +542,62 @@ def test_a_documents_bytes_do_not_depend_on_the_order_its_patch_keys_arrive_in(b
     [volume_text] = [d for d in documents if "kind: UserVolumeConfig" in d]
     assert volume_text == ("apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n"
                            "    diskSelector:\n        match: '!system_disk'\n    minSize: 10GiB\n")
+
+
+# --- v1.14: documents Talos refuses next to their legacy v1alpha1 fields -----------------------------------
+
+V1_14_DISK = {"apiVersion": "v1alpha1", "kind": "UnattendedInstallConfig",
+              "provisioning": {"diskSelector": {"match": 'disk.dev_path == "/dev/sda"'}}}
+
+
+def _render_v1_14(bundle, role, *patches):
+    return render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, role, "v1.14.0", "1.37.0", [V1_14_DISK, *patches])
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"machine": {"kubelet": {"extraArgs": {"max-pods": "150"}}}},
+     "machine.kubelet of the v1alpha1 document and the KubeletConfig document set the same thing, which Talos "
+     "refuses; expected it in the KubeletConfig document only"),
+    ({"machine": {"install": {"disk": "/dev/sda"}}},
+     "machine.install of the v1alpha1 document and the UnattendedInstallConfig document set the same thing"),
+    ({"cluster": {"network": {"cni": {"name": "none"}}}},
+     "cluster.network of the v1alpha1 document and the KubeNetworkConfig document set the same thing"),
+    ({"cluster": {"clusterName": "other"}},
+     "cluster.clusterName of the v1alpha1 document and the KubeClusterConfig document set the same thing"),
+    ({"machine": {"nodeLabels": {"a": "b"}}},
+     "machine.nodeLabels of the v1alpha1 document and the KubeNodeConfig document set the same thing"),
+])
+def test_v1_14_refuses_a_legacy_field_beside_its_document(bundle, patch, expected):
+    with pytest.raises(MachineConfigError) as err:
+        _render_v1_14(bundle, "controlplane", patch)
+    assert expected in str(err.value)
+
+
+def test_v1_14_the_same_setting_in_its_document_is_taken(bundle):
+    text = _render_v1_14(bundle, "worker", {"apiVersion": "v1alpha1", "kind": "KubeletConfig",
+                                            "extraArgs": {"max-pods": "150"}})
+    kubelet = next(d for d in parse_config(text) if d.get("kind") == "KubeletConfig")
+    assert kubelet["extraArgs"] == {"max-pods": "150"} and kubelet["image"] == "ghcr.io/siderolabs/kubelet:v1.37.0"
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"apiVersion": "v1alpha1", "kind": "KubeServiceAccountConfig", "issuer": {"privateKey": "x"}},
+     "the KubeServiceAccountConfig document is only valid on controlplane nodes, but this node's role is worker"),
+    ({"apiVersion": "v1alpha1", "kind": "KubeAPIServerCAConfig", "issuingCA": {"cert": "c", "key": "k"}},
+     "KubeAPIServerCAConfig issuingCA.key must be empty on a worker"),
+])
+def test_v1_14_worker_refuses_control_plane_keys(bundle, patch, expected):
+    with pytest.raises(MachineConfigError) as err:
+        _render_v1_14(bundle, "worker", patch)
+    assert expected in str(err.value)
+
+
+def test_v1_14_install_and_endpoint_are_checked_in_their_documents(bundle):
+    with pytest.raises(MachineConfigError) as err:
+        render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", "v1.14.0", "1.37.0",
+               [{"apiVersion": "v1alpha1", "kind": "UnattendedInstallConfig", "installer": {"image": "x"}},
+                {"apiVersion": "v1alpha1", "kind": "KubeClusterConfig", "endpoint": "http://10.0.0.1:6443"}])
+    assert str(err.value).splitlines()[1:] == [
+        '  - UnattendedInstallConfig provisioning.diskSelector.match is missing; expected the install disk, '
+        'e.g. disk.dev_path == "/dev/sda"',
+        "  - KubeClusterConfig endpoint: expected an https:// URL of the Kubernetes API"]

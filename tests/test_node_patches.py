@@ -137,3 +137,71 @@ def test_ccm_node_ipam_turns_off_the_controller_managers_own_allocator_on_contro
         "controllerManager": {"extraArgs": {"controllers": "*,tokencleaner,-node-ipam-controller"}}}
     assert "cluster" not in patches["worker-2"][4]
     assert "cluster" not in by_node(settings())["master-2"][4]
+
+
+# --- the v1.14 contract: each Kubernetes setting in a document of its own --------------------------------
+
+
+def v1_14(**changes):
+    raw = stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml"))
+    raw["cluster"] = {**raw["cluster"], "talosVersion": "v1.14.0"}
+    raw["cluster"].pop("kubernetesVersion", None)
+    for node in raw["nodes"]:
+        if node.get("dataDisk"):
+            node["dataDisk"] = {**node["dataDisk"], "mountpoint": "/var/mnt/longhorn"}
+    for key, value in changes.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return load_settings(raw)
+
+
+def _rendered(s, node):
+    text = render(seed_cluster.shared_bundle(), s.cluster.name, s.cluster.endpoint, node.role, s.cluster.talos_version,
+                  s.cluster.kubernetes_version, node_patches(s, node, INSTALLER))
+    return {d.get("kind", "v1alpha1") + (f"/{d['name']}" if d.get("name") else ""): d for d in parse_config(text)}
+
+
+def test_v1_14_defaults_to_its_kubernetes_and_renders_every_setting_as_its_document():
+    s = v1_14(ccm={"enabled": True, "nodeIpam": {"maskSizeIpv4": 24}},
+              cluster={"podSubnets": ["10.200.0.0/16"], "domain": "example.internal"})
+    assert s.cluster.kubernetes_version == "1.37.0-rc.0"
+    master, worker = s.control_planes[0], next(n for n in s.workers if n.data_disk is not None)
+    cp, w = _rendered(s, master), _rendered(s, worker)
+    for docs in (cp, w):
+        assert docs["KubeNetworkConfig"]["podSubnets"] == ["10.200.0.0/16"]  # replaced, not appended
+        assert docs["KubeNetworkConfig"]["dnsDomain"] == "example.internal"
+        assert docs["KubeletConfig"]["extraArgs"] == {"cloud-provider": "external", "rotate-server-certificates": "true"}
+        assert docs["UnattendedInstallConfig"]["installer"] == {"image": INSTALLER}
+        assert set(docs["v1alpha1"]["machine"]) == {"type", "token", "ca", "certSANs", "features"}
+        assert "KubeFlannelCNIConfig" not in docs
+    assert cp["KubeTalosAPIAccessConfig"] == {"apiVersion": "v1alpha1", "kind": "KubeTalosAPIAccessConfig",
+                                              "allowedRoles": ["os:reader"], "allowedKubernetesNamespaces": ["kube-system"]}
+    assert cp["KubeControllerManagerConfig"]["extraArgs"] == {"controllers": "*,tokencleaner,-node-ipam-controller"}
+    assert cp["KubeProxyConfig"]["enabled"] is False
+    assert not {"KubeTalosAPIAccessConfig", "KubeControllerManagerConfig", "KubeProxyConfig"} & set(w)
+    assert w["UserVolumeConfig/longhorn"]["provisioning"] == {
+        "diskSelector": {"match": 'disk.dev_path == "/dev/sdb"'}, "minSize": "30GB"}
+    assert [k for k in w if k.startswith("KernelModuleConfig/")] == \
+        [f"KernelModuleConfig/{m}" for m in worker.kernel_modules]
+
+
+def test_v1_14_without_discovery_or_cilium():
+    s = v1_14(cluster={"discovery": False}, cilium={"enabled": False})
+    cp = _rendered(s, s.control_planes[0])
+    assert "DiscoveryServiceConfig/default" not in cp and "DiscoveryIdentityConfig" in cp
+    assert cp["KubeFlannelCNIConfig"]["backendType"] == "vxlan" and "enabled" not in cp["KubeProxyConfig"]
+
+
+def test_v1_14_data_disk_must_be_a_user_volume_mount():
+    from talos_proxmox.settings.stack import SettingsError
+
+    raw = stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml"))
+    raw["cluster"] = {**raw["cluster"], "talosVersion": "v1.14.0"}
+    raw["cluster"].pop("kubernetesVersion", None)
+    with pytest.raises(SettingsError) as err:
+        load_settings(raw)
+    assert "nodes[3].dataDisk.mountpoint: '/var/lib/longhorn' is not where Talos 1.14 mounts a user volume " \
+           "(expected /var/mnt/<name>" in str(err.value)
+    for node in raw["nodes"]:
+        if node.get("dataDisk"):
+            node["dataDisk"] = {"size": 30}
+    assert {n.data_disk.mountpoint for n in load_settings(raw).nodes if n.data_disk} == {"/var/mnt/longhorn"}

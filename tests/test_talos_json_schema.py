@@ -22,10 +22,14 @@ from talos_proxmox.talos_config import machine_config, secrets_bundle
 from tests.mocked_program import stack_config
 
 SCHEMAS = Path(__file__).resolve().parent / "data" / "talos-schemas"
-RELEASES = {"v1.12": "v1.12.9", "v1.13": "v1.13.7"}
+RELEASES = {"v1.12": "v1.12.9", "v1.13": "v1.13.7", "v1.14": "v1.14.0-rc.1"}
 # Deprecated v1alpha1 fields we still render (to move to LinkConfig/ResolverConfig/KubeSpanConfig and
 # UserVolumeConfig documents); nothing else may fall outside the schema.
 DEPRECATED_FIELDS = (("persist",), ("machine", "disks"))
+
+# Kinds a release's schema spells otherwise than Talos registers them (v1.14.0-rc.1's schemaMeta says
+# UnattendedInstall; Talos decodes only UnattendedInstallConfig, as its own gen config writes).
+SCHEMA_KIND_MISTAKES = {"UnattendedInstallConfig": "UnattendedInstall"}
 
 VARIANTS = {
     "test-cluster": ("test-cluster", {}),
@@ -46,8 +50,16 @@ def _variant(name: str, line: str):
     raw = copy.deepcopy(stack_config(stack))
     for key, value in changes.items():
         raw[key] = {**(raw.get(key) or {}), **value}
-    raw["cluster"]["talosVersion"] = {"v1.12": "v1.12.9", "v1.13": "v1.13.7"}[line]
+    raw["cluster"]["talosVersion"] = RELEASES[line]
     raw["cluster"].pop("kubernetesVersion", None)
+    if line == "v1.14":  # the data disk is a user volume, and the kubelet's arguments are in its own document
+        for node in raw["nodes"]:
+            if node.get("dataDisk"):
+                node["dataDisk"] = {**node["dataDisk"], "mountpoint": "/var/mnt/longhorn"}
+        if raw["cluster"].get("patches"):  # "extra patches" in the documents that hold those settings from v1.14
+            raw["cluster"]["patches"] = [
+                {"apiVersion": "v1alpha1", "kind": "SysctlConfig", "params": {"vm.max_map_count": "262144"}},
+                {"apiVersion": "v1alpha1", "kind": "KubeletConfig", "extraArgs": {"max-pods": "150"}}]
     return load_settings(raw)
 
 
@@ -67,6 +79,8 @@ class KindValidator:
         kind = document.get("kind")
         name = "v1alpha1.Config" if kind is None else next(
             d for d in self.schema["$defs"] if d.split(".")[-1] == f"{kind}V1Alpha1")
+        if kind in SCHEMA_KIND_MISTAKES:
+            document = {**document, "kind": SCHEMA_KIND_MISTAKES[kind]}
         schema = {k: v for k, v in self.schema.items() if k != "oneOf"}
         validator = jsonschema.Draft202012Validator({**schema, "$ref": f"#/$defs/{name}"})
         return sorted(validator.iter_errors(document), key=lambda e: e.json_path)
@@ -113,3 +127,16 @@ def test_the_deprecated_fields_are_the_only_deviation_and_the_schema_sees_them(b
     # And a field the schema does not know is caught, with its path.
     v1alpha1["machine"]["kubelet"]["extraArgz"] = {}
     assert "$.machine.kubelet: additionalProperties ['extraArgz']" in describe(validators["v1.13"].errors(v1alpha1))
+
+
+def test_from_v1_14_persist_is_the_only_deviation(bundles, validators):
+    settings = _variant("test-cluster", "v1.14")
+    worker = next(n for n in settings.nodes if n.data_disk is not None)
+    text = machine_config.render(bundles["v1.14"], **machine_config_inputs(
+        settings, worker, image_facts(settings).installer_image))
+    documents = machine_config.parse_config(text)
+    assert describe(validators["v1.14"].errors(documents[0])) == "$: additionalProperties ['persist']"
+    assert [describe(validators["v1.14"].errors(d)) for d in documents[1:]] == [""] * (len(documents) - 1)
+    volume = next(d for d in documents if d.get("kind") == "UserVolumeConfig")
+    assert volume == {"apiVersion": "v1alpha1", "kind": "UserVolumeConfig", "name": "longhorn", "provisioning": {
+        "diskSelector": {"match": 'disk.dev_path == "/dev/sdb"'}, "minSize": "30GB"}}

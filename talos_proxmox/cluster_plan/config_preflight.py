@@ -26,22 +26,23 @@ def _placeholder_bundle(talos_version: str) -> dict:
 
 
 def _name_problems(documents: list[dict]) -> list[str]:
-    """Names Talos would pass on to the kernel, DNS and Kubernetes: hostname and cluster DNS domain."""
+    """Names Talos would pass on to the kernel, DNS and Kubernetes: hostname and cluster DNS domain (a
+    hostname in machine.network is refused next to the HostnameConfig every node gets)."""
     problems = []
     for document in documents:
         if document.get("kind") == "HostnameConfig" and "hostname" in document \
                 and not is_dns_name(document["hostname"], 63):
             problems.append("HostnameConfig hostname is not a DNS hostname (expected lowercase letters, digits "
                             "and '-', at most 63)")
-        if machine_config.document_id(document) == ("", "v1alpha1", ""):
-            network = (document.get("machine") or {}).get("network") or {}
-            if "hostname" in network and not is_dns_name(network["hostname"], 63):
-                problems.append("machine.network.hostname is not a DNS hostname (expected lowercase letters, "
-                                "digits and '-', at most 63)")
-            domain = ((document.get("cluster") or {}).get("network") or {}).get("dnsDomain")
-            if domain is not None and not is_dns_name(domain, 253):
-                problems.append("cluster.network.dnsDomain is not a DNS domain (expected lowercase labels, "
-                                "e.g. cluster.local)")
+        if document.get("kind") == "KubeNetworkConfig":
+            domain, where = document.get("dnsDomain"), "KubeNetworkConfig dnsDomain"
+        elif machine_config.document_id(document) == ("", "v1alpha1", ""):
+            domain, where = ((document.get("cluster") or {}).get("network") or {}).get("dnsDomain"), \
+                "cluster.network.dnsDomain"
+        else:
+            continue
+        if domain is not None and not is_dns_name(domain, 253):
+            problems.append(f"{where} is not a DNS domain (expected lowercase labels, e.g. cluster.local)")
     return problems
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from talos_proxmox.settings.stack import NodeSettings, Settings
-from talos_proxmox.talos_config.machine_config import parse_talos_version
+from talos_proxmox.talos_config.machine_config import MULTIDOC_KUBERNETES, parse_talos_version
 
 # What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).
 CCM_KUBELET_ARGS = {"cloud-provider": "external", "rotate-server-certificates": "true"}
@@ -22,13 +22,31 @@ CCM_TALOS_API_ACCESS = {
 }
 
 
-def install_patch(install_disk: str, installer_image: str) -> dict:
-    return {"machine": {"install": {"disk": install_disk, "image": installer_image}}}
+def _document(kind: str, **fields: Any) -> dict:
+    return {"apiVersion": "v1alpha1", "kind": kind, **fields}
 
 
-def cluster_network_patch(settings: Settings) -> list[dict]:
-    """Subnets and domain as JSON patch `replace`, since a strategic merge would append to the default lists."""
+def multidoc(settings: Settings) -> bool:
+    """Whether the node's contract writes each Kubernetes setting as a document of its own (v1.14 on)."""
+    return parse_talos_version(settings.cluster.talos_version)[0] >= MULTIDOC_KUBERNETES
+
+
+def install_patch(settings: Settings, installer_image: str) -> dict:
+    """The install disk and image; from v1.14 an UnattendedInstallConfig, as `gen config --install-disk` writes."""
+    disk = settings.cluster.install_disk
+    if multidoc(settings):
+        return _document("UnattendedInstallConfig", installer={"image": installer_image},
+                         provisioning={"diskSelector": {"match": f'disk.dev_path == "{disk}"'}, "wipe": False})
+    return {"machine": {"install": {"disk": disk, "image": installer_image}}}
+
+
+def cluster_network_patch(settings: Settings) -> list[dict] | dict:
+    """Subnets and domain. Before v1.14 as JSON patch `replace`, since a strategic merge would append to the
+    default lists; the KubeNetworkConfig document's subnets are replaced by a merge (as Talos merges them)."""
     c = settings.cluster
+    if multidoc(settings):
+        return _document("KubeNetworkConfig", dnsDomain=c.domain, podSubnets=list(c.pod_subnets),
+                         serviceSubnets=list(c.service_subnets))
     return [
         {"op": "replace", "path": "/cluster/network/dnsDomain", "value": c.domain},
         {"op": "replace", "path": "/cluster/network/podSubnets", "value": list(c.pod_subnets)},
@@ -36,14 +54,23 @@ def cluster_network_patch(settings: Settings) -> list[dict]:
     ]
 
 
-def cluster_features_patch(settings: Settings) -> dict:
-    """Discovery, and what Cilium's kube-proxy replacement needs: no default CNI, no kube-proxy."""
+def cluster_features_patch(settings: Settings, role: str) -> list[dict]:
+    """Discovery, and what Cilium's kube-proxy replacement needs: no default CNI, no kube-proxy. From v1.14
+    only control planes carry the CNI and kube-proxy documents (they deploy both)."""
     c = settings.cluster
-    cluster: dict[str, Any] = {"discovery": {"enabled": c.discovery}}
-    if settings.cilium.enabled:
-        cluster["network"] = {"cni": {"name": "none"}}
-        cluster["proxy"] = {"disabled": True}
-    return {"cluster": cluster}
+    if not multidoc(settings):
+        cluster: dict[str, Any] = {"discovery": {"enabled": c.discovery}}
+        if settings.cilium.enabled:
+            cluster["network"] = {"cni": {"name": "none"}}
+            cluster["proxy"] = {"disabled": True}
+        return [{"cluster": cluster}]
+    patches = []
+    if not c.discovery:
+        patches.append(_document("DiscoveryServiceConfig", name="default", **{"$patch": "delete"}))
+    if settings.cilium.enabled and role == "controlplane":
+        patches.append(_document("KubeFlannelCNIConfig", **{"$patch": "delete"}))
+        patches.append(_document("KubeProxyConfig", enabled=False))
+    return patches
 
 
 def kubespan_patch(settings: Settings) -> dict | None:
@@ -60,6 +87,22 @@ def kubespan_patch(settings: Settings) -> dict | None:
 
 # With the CCM allocating pod CIDRs, kube-controller-manager must stop doing it too (CCM docs).
 KCM_CONTROLLERS_WITHOUT_NODE_IPAM = "*,tokencleaner,-node-ipam-controller"
+
+
+def ccm_patches(settings: Settings, role: str) -> list[dict]:
+    """The CCM's kubelet arguments on every node; on control planes its Talos API access and, with its node
+    IPAM, kube-controller-manager without its own."""
+    node_ipam = settings.ccm.node_ipam is not None
+    if not multidoc(settings):
+        return [ccm_patch(role, node_ipam)]
+    patches = [_document("KubeletConfig", extraArgs=dict(CCM_KUBELET_ARGS))]
+    if role == "controlplane":
+        access = {k: v for k, v in CCM_TALOS_API_ACCESS.items() if k != "enabled"}  # the document is the switch
+        patches.append(_document("KubeTalosAPIAccessConfig", **{k: list(v) for k, v in access.items()}))
+        if node_ipam:
+            patches.append(_document("KubeControllerManagerConfig",
+                                     extraArgs={"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}))
+    return patches
 
 
 def ccm_patch(role: str, node_ipam: bool) -> dict:
@@ -108,6 +151,28 @@ def hostname_patch(node: NodeSettings) -> dict:
     return {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": {"$patch": "delete"}, "hostname": node.name}
 
 
+def node_storage_patches(settings: Settings, node: NodeSettings) -> list[dict]:
+    """Kernel modules and the data disk. From v1.14 a KernelModuleConfig per module and the data disk as a
+    UserVolumeConfig (Talos mounts it at /var/mnt/<name>, which the kubelet sees; the v1.14 KubeletConfig has
+    no extra mounts); before, machine.kernel and machine.disks with the mount shared into the kubelet."""
+    if not multidoc(settings):
+        legacy = node_storage_patch(node)
+        return [] if legacy is None else [legacy]
+    patches = [_document("KernelModuleConfig", name=module) for module in node.kernel_modules]
+    if node.data_disk is not None:
+        d = node.data_disk
+        patches.append(_document("UserVolumeConfig", name=user_volume_name(d.mountpoint), provisioning={
+            "diskSelector": {"match": f'disk.dev_path == "{d.device}"'}, "minSize": f"{d.size_gb}GB"}))
+    return patches
+
+
+USER_VOLUME_ROOT = "/var/mnt/"  # where Talos mounts a user volume: /var/mnt/<its name>
+
+
+def user_volume_name(mountpoint: str) -> str:
+    return mountpoint.removeprefix(USER_VOLUME_ROOT)
+
+
 def node_storage_patch(node: NodeSettings) -> dict | None:
     """Kernel modules and the data disk, mounted and shared into the kubelet (Longhorn-style)."""
     machine: dict[str, Any] = {}
@@ -132,20 +197,18 @@ def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image
     """Every patch for `node`, in the order they apply, each with the stack key that holds it
     (`cluster.patches[0]`, `cluster.rolePatches.worker[1]`, `nodes[3].patches[0]`) or DERIVED."""
     derived: list[Any] = [
-        install_patch(settings.cluster.install_disk, installer_image),
+        install_patch(settings, installer_image),
         cluster_network_patch(settings),
-        cluster_features_patch(settings),
+        *cluster_features_patch(settings, node.role),
     ]
     kubespan = kubespan_patch(settings)
     if kubespan is not None:
         derived.append(kubespan)
     if settings.ccm.enabled:
-        derived.append(ccm_patch(node.role, settings.ccm.node_ipam is not None))
+        derived.extend(ccm_patches(settings, node.role))
     derived.extend(node_network_patch(node, settings.cluster.vip))
     derived.append(hostname_patch(node))
-    storage = node_storage_patch(node)
-    if storage is not None:
-        derived.append(storage)
+    derived.extend(node_storage_patches(settings, node))
     derived.extend(disk_encryption_patches(settings.cluster.system_disk_encryption))
     index = next((i for i, n in enumerate(settings.nodes) if n.name == node.name), None)
     where = f"nodes[{index}]" if index is not None else f"node {node.name}"

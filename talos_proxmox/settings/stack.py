@@ -46,7 +46,7 @@ SYSTEM_DIRECTORIES = ("/var/lib/etcd", "/var/lib/kubelet", "/var/lib/containerd"
                       "/var/run", "/var/system", "/var/etc")
 SYSTEM_MOUNTPOINTS = ("/var", "/var/lib", "/var/mnt", *SYSTEM_DIRECTORIES)
 # pkg/machinery/compatibility/talos1NN: the Kubernetes versions each Talos line supports.
-KUBERNETES_RANGES = {"v1.12": ((1, 30), (1, 35)), "v1.13": ((1, 31), (1, 36))}
+KUBERNETES_RANGES = {"v1.12": ((1, 30), (1, 35)), "v1.13": ((1, 31), (1, 36)), "v1.14": ((1, 32), (1, 37))}
 # The render command writes these beside <node>.yaml; a node of the same name would overwrite one.
 RENDER_OUTPUT_FILES = ("secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id", "cilium-values.yaml",
                        "cilium-load-balancer.yaml", "talos-ccm-values.yaml")
@@ -54,8 +54,8 @@ RENDER_OUTPUT_FILES = ("secrets.yaml", "talosconfig", "schematic.yaml", "schemat
 DEFAULT_TALOS_VERSION = "v1.13.7"
 DEFAULT_CILIUM_VERSION = "1.19.6"
 # What `talosctl gen config` of each Talos release line picks when no Kubernetes version is given
-# (pkg/machinery/constants DefaultKubernetesVersion at v1.12.0 and v1.13.7).
-DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2"}
+# (pkg/machinery/constants DefaultKubernetesVersion at v1.12.0, v1.13.7 and v1.14.0-rc.1).
+DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2", "v1.14": "1.37.0-rc.0"}
 # siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
 DEFAULT_CCM_CHART_VERSION = "0.5.4"
 DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
@@ -583,7 +583,7 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
                          default=None),
         vip=r.value(s, "vip", "cluster.vip", _ip, "is not an IP address", default=None),
         talos_version=r.value(s, "talosVersion", "cluster.talosVersion", _talos_version,
-                              "is not a supported Talos version (expected v1.12.x or v1.13.x, e.g. v1.13.7)",
+                              "is not a supported Talos version (expected v1.12.x, v1.13.x or v1.14.x, e.g. v1.13.7)",
                               default=DEFAULT_TALOS_VERSION),
         kubernetes_version=r.value(s, "kubernetesVersion", "cluster.kubernetesVersion", _version,
                                    "is not a Kubernetes version (expected e.g. 1.35.0)", default=None),
@@ -631,7 +631,8 @@ _NODE_KEYS = ("name", "role", "vmId", "proxmoxNode", "cpu", "memory", "disk", "d
 
 
 def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
-               proxmox: ProxmoxSettings, install_disk: Optional[str]) -> Optional[NodeSettings]:
+               proxmox: ProxmoxSettings, install_disk: Optional[str],
+               talos_version: Optional[str]) -> Optional[NodeSettings]:
     path = f"nodes[{i}]"
     s = r.section(raw, path, _NODE_KEYS)
     if not s:
@@ -640,6 +641,7 @@ def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
     data_disk = None
     if dd is not None:
         d = r.section(dd, f"{path}.dataDisk", ("size", "device", "mountpoint"))
+        user_volume = _multidoc_contract(talos_version)
         data_disk = DataDisk(
             size_gb=r.value(d, "size", f"{path}.dataDisk.size", _int_in(1, DISK_GB_RANGE[1]),
                             f"is not a size in GB (expected an integer in 1-{DISK_GB_RANGE[1]})"),
@@ -647,9 +649,9 @@ def _read_node(r: _Reader, raw: Any, i: int, network: Optional[NetworkSettings],
                            default="/dev/sdb"),
             mountpoint=r.value(d, "mountpoint", f"{path}.dataDisk.mountpoint", _abs_path,
                                "is not a normalised absolute path (expected e.g. /var/lib/longhorn)",
-                               default="/var/lib/longhorn"),
+                               default="/var/mnt/longhorn" if user_volume else "/var/lib/longhorn"),
         )
-        _check_data_disk(r, data_disk, f"{path}.dataDisk", install_disk)
+        _check_data_disk(r, data_disk, f"{path}.dataDisk", install_disk, user_volume)
     ip, prefix = _node_address(r, s, path, network)
     gateway = r.value(s, "gateway", f"{path}.gateway", _ip, "is not an IP address",
                       default=network.gateway if network else None)
@@ -740,13 +742,30 @@ def _abs_path(v: Any) -> str:
 _RESERVED_NODE_NAMES = tuple(sorted({f.removesuffix(".yaml") for f in RENDER_OUTPUT_FILES}))
 
 
-def _check_data_disk(r: _Reader, disk: DataDisk, path: str, install_disk: Optional[str]) -> None:
-    """The data disk is a second disk, mounted where Talos lets it: under /var, clear of system directories."""
+# A Talos user volume: mounted at /var/mnt/<name>; its partition label "u-<name>" has at most 36 characters.
+_USER_VOLUME_MOUNT = re.compile(r"^/var/mnt/[A-Za-z0-9-]{1,34}$")
+
+
+def _multidoc_contract(talos_version: Optional[str]) -> bool:
+    from talos_proxmox.talos_config.machine_config import MULTIDOC_KUBERNETES, parse_talos_version
+
+    return talos_version is not None and parse_talos_version(talos_version)[0] >= MULTIDOC_KUBERNETES
+
+
+def _check_data_disk(r: _Reader, disk: DataDisk, path: str, install_disk: Optional[str], user_volume: bool) -> None:
+    """The data disk is a second disk, mounted where Talos lets it: under /var, clear of system directories;
+    from Talos 1.14 a user volume, which Talos mounts at /var/mnt/<name>."""
     if disk.device is not None and disk.device == install_disk:
         r.fail(f"{path}.device", disk.device, "is the install disk (cluster.installDisk); expected the second "
                                               "disk, e.g. /dev/sdb")
     mount = disk.mountpoint
     if mount is None:
+        return
+    if user_volume:
+        if not _USER_VOLUME_MOUNT.match(mount):
+            r.fail(f"{path}.mountpoint", mount, "is not where Talos 1.14 mounts a user volume (expected "
+                                                "/var/mnt/<name>, the name up to 34 letters, digits or '-', "
+                                                "e.g. /var/mnt/longhorn)")
         return
     if mount != "/var" and not mount.startswith("/var/"):
         r.fail(f"{path}.mountpoint", mount, "is outside /var, and Talos's root file system is read-only "
@@ -1060,7 +1079,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
         r.fail("nodes", raw_nodes, "is not a non-empty list of nodes")
     else:
         nodes = [n for i, item in enumerate(raw_nodes)
-                 if (n := _read_node(r, item, i, network, proxmox, cluster["install_disk"])) is not None]
+                 if (n := _read_node(r, item, i, network, proxmox, cluster["install_disk"], cluster["talos_version"])) is not None]
     _check_nodes(r, nodes, all_read=isinstance(raw_nodes, list) and len(nodes) == len(raw_nodes))
     _endpoint_and_vip(r, cluster, nodes, network)
     _check_subnets(r, cluster, network, nodes)

@@ -1,12 +1,13 @@
 """Render a Talos machine configuration: `talosctl gen config` defaults for one role, then patches.
 
 `render(secrets, cluster_name, endpoint, role, talos_version, kubernetes_version, patches)` returns
-the complete multi-document YAML for a `controlplane` or `worker` node of Talos contract v1.12 or
-v1.13, byte-for-byte in the layout talosctl writes with `--with-docs=false --with-examples=false`
+the complete multi-document YAML for a `controlplane` or `worker` node of Talos contract v1.12, v1.13
+or v1.14, byte-for-byte in the layout talosctl writes with `--with-docs=false --with-examples=false`
 (same inputs always give the same bytes, so a diff of two renders is exactly the change).
 
-Defaults are those of `talosctl gen config` for the contract (siderolabs/talos v1.13.7
-pkg/machinery/config/generate and the v1.12/v1.13 stability fixtures), with one deliberate
+Defaults are those of `talosctl gen config` for the contract (siderolabs/talos v1.13.7 and v1.14.0-rc.1
+pkg/machinery/config/generate and the v1.12/v1.13/v1.14 stability fixtures; from v1.14 each Kubernetes
+setting is a document of its own, and Talos refuses the legacy v1alpha1 field beside it), with one deliberate
 difference: the install disk is not defaulted to /dev/sda. Guessing the disk wipes the wrong one or
 fails late; a patch must set `machine.install.disk` (or `diskSelector`), otherwise render refuses.
 
@@ -35,6 +36,8 @@ and what was expected, and never include values from the secrets bundle.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import difflib
 import functools
@@ -47,6 +50,7 @@ import jsonpointer
 import yaml
 
 from talos_proxmox.talos_config import talos_yaml
+from talos_proxmox.talos_config.document_layout import DOCUMENT_LAYOUT
 from talos_proxmox.talos_config.secrets_bundle import SecretsBundleError
 from talos_proxmox.talos_config.v1alpha1_schema import (
     ARGS_FIELDS,
@@ -59,7 +63,8 @@ from talos_proxmox.talos_config.v1alpha1_schema import (
 )
 
 ROLES = ("controlplane", "worker")
-SUPPORTED_CONTRACTS = ((1, 12), (1, 13))
+SUPPORTED_CONTRACTS = ((1, 12), (1, 13), (1, 14))
+MULTIDOC_KUBERNETES = (1, 14)  # the contract from which each Kubernetes setting is a document of its own
 
 KUBELET_IMAGE = "ghcr.io/siderolabs/kubelet"
 APISERVER_IMAGE = "registry.k8s.io/kube-apiserver"
@@ -72,6 +77,8 @@ DEFAULT_SERVICE_SUBNET = "10.96.0.0/12"
 DEFAULT_DNS_DOMAIN = "cluster.local"
 DEFAULT_KUBEPRISM_PORT = 7445
 EXCLUDE_FROM_LB_LABEL = "node.kubernetes.io/exclude-from-external-load-balancers"
+CONTROL_PLANE_ROLE_LABEL = "node-role.kubernetes.io/control-plane"
+DEFAULT_DISCOVERY_ENDPOINT = "https://discovery.talos.dev/"
 
 # Sections only a control-plane node uses; on a worker they are a mistake and several carry keys
 # that must not reach workers.
@@ -158,6 +165,8 @@ def default_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: 
     contract, talos_tag = parse_talos_version(talos_version)
     k8s = _kubernetes_version(kubernetes_version)
     endpoint = _check_endpoint(endpoint)
+    if contract >= MULTIDOC_KUBERNETES:
+        return _multidoc_documents(secrets, cluster_name, endpoint, role, k8s)
     controlplane = role == "controlplane"
     get = lambda path: _bundle_value(secrets, path)  # noqa: E731
 
@@ -209,7 +218,7 @@ def default_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: 
         cluster["apiServer"] = {
             "image": f"{APISERVER_IMAGE}:v{k8s}",
             "admissionControl": [{"name": "PodSecurity", "configuration": _pod_security_defaults()}],
-            "auditPolicy": {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]},
+            "auditPolicy": _audit_policy_defaults(),
         }
         cluster["controllerManager"] = {"image": f"{CONTROLLER_MANAGER_IMAGE}:v{k8s}"}
         cluster["proxy"] = {"image": f"{PROXY_IMAGE}:v{k8s}"}
@@ -223,6 +232,90 @@ def default_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: 
     v1alpha1 = {"version": "v1alpha1", "debug": False, "persist": True, "machine": machine, "cluster": cluster}
     hostname = {"apiVersion": "v1alpha1", "kind": "HostnameConfig", "auto": "stable"}
     return [v1alpha1, hostname]
+
+
+def _doc(kind: str, **fields: Any) -> dict:
+    return {"apiVersion": "v1alpha1", "kind": kind, **fields}
+
+
+def _pem(secrets: Mapping, path: str) -> str:
+    """A bundle certificate or key as the PEM text the v1.14 documents hold (the bundle has it base64)."""
+    try:
+        return base64.b64decode(_bundle_value(secrets, path), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise SecretsBundleError(f"secrets bundle: {path} is not base64-encoded PEM") from None
+
+
+def _multidoc_documents(secrets: Mapping, cluster_name: str, endpoint: str, role: str, k8s: str) -> list[dict]:
+    """What `talosctl gen config` writes from contract v1.14 on: v1alpha1 keeps the machine's identity and
+    the cluster token, and each Kubernetes setting has a document of its own (pkg/machinery/config/generate
+    at v1.14.0-rc.1; its stability fixtures are the test)."""
+    controlplane = role == "controlplane"
+    get = lambda path: _bundle_value(secrets, path)  # noqa: E731
+    machine = {"type": role, "token": get("trustdinfo.token"),
+               "ca": {"crt": get("certs.os.crt"), "key": get("certs.os.key") if controlplane else ""},
+               "certSANs": [], "features": {"diskQuotaSupport": True}}
+    cluster: dict[str, Any] = {"token": get("secrets.bootstraptoken")}
+    if controlplane:
+        cluster["etcd"] = {"ca": {"crt": get("certs.etcd.crt"), "key": get("certs.etcd.key")}}
+    node: dict[str, Any] = {"nodeIP": {}}
+    if controlplane:
+        node["labels"] = {CONTROL_PLANE_ROLE_LABEL: "", EXCLUDE_FROM_LB_LABEL: ""}
+        node["taints"] = {CONTROL_PLANE_ROLE_LABEL: "NoSchedule"}
+    kubernetes_ca = ({"issuingCA": {"cert": _pem(secrets, "certs.k8s.crt"), "key": _pem(secrets, "certs.k8s.key")}}
+                     if controlplane else {"acceptedCAs": [_pem(secrets, "certs.k8s.crt")]})
+    documents = [
+        {"version": "v1alpha1", "debug": False, "persist": True, "machine": machine, "cluster": cluster},
+        _doc("DiscoveryServiceConfig", name="default", endpoint=DEFAULT_DISCOVERY_ENDPOINT),
+        _doc("DiscoveryIdentityConfig", clusterID=get("cluster.id"), clusterSecret=get("cluster.secret")),
+        _doc("ResolverConfig", hostDNS={"enabled": True, "forwardKubeDNSToHost": True}),
+        _doc("VolumeConfig", name="EPHEMERAL", mount={"secure": True}),
+        _doc("FilesystemTrimConfig", interval="168h0m0s"),
+        _doc("SecurityProfileConfig", workloadIsolation=True),
+        _doc("HostnameConfig", auto="stable"),
+        _doc("KubeClusterConfig", clusterName=cluster_name, endpoint=endpoint),
+        _doc("KubeNodeConfig", **node),
+        _doc("KubeletConfig", image=f"{KUBELET_IMAGE}:v{k8s}", config={}, defaultRuntimeSeccompProfileEnabled=True),
+        _doc("KubeNetworkConfig", dnsDomain=DEFAULT_DNS_DOMAIN, podSubnets=[DEFAULT_POD_SUBNET],
+             serviceSubnets=[DEFAULT_SERVICE_SUBNET]),
+        _doc("KubeAPIServerCAConfig", **kubernetes_ca),
+        _doc("KubePrismConfig", port=DEFAULT_KUBEPRISM_PORT),
+    ]
+    if not controlplane:
+        return documents
+    encryption = secrets.get("secrets", {})
+    if encryption.get("secretboxencryptionsecret"):  # the names and order talosctl keeps, so etcd's data decrypts
+        provider = {"name": "key2", "secret": encryption["secretboxencryptionsecret"]}
+    elif encryption.get("aescbcencryptionsecret"):
+        provider = {"name": "key1", "secret": encryption["aescbcencryptionsecret"]}
+    else:
+        raise SecretsBundleError("secrets bundle: secrets.secretboxencryptionsecret is required")
+    return documents + [
+        _doc("KubeAggregatorCAConfig", issuingCA={"cert": _pem(secrets, "certs.k8saggregator.crt"),
+                                                  "key": _pem(secrets, "certs.k8saggregator.key")}),
+        _doc("KubeAdmissionControlConfig", name="PodSecurity", configuration=_pod_security_defaults()),
+        _doc("KubeAuditPolicyConfig", configuration=_audit_policy_defaults()),
+        _doc("KubeAuthenticationConfig", configuration={
+            "anonymous": {"conditions": [{"path": "/livez"}, {"path": "/readyz"}, {"path": "/healthz"}],
+                          "enabled": True},
+            "jwt": []}),
+        _doc("KubeAuthorizerConfig", name="node", type="Node"),
+        _doc("KubeAuthorizerConfig", name="rbac", type="RBAC"),
+        _doc("KubeEtcdEncryptionConfig", config={"resources": [
+            {"providers": [{"secretbox": {"keys": [provider]}}], "resources": ["secrets"]}]}),
+        _doc("KubeServiceAccountConfig", issuer={"privateKey": _pem(secrets, "certs.k8sserviceaccount.key"),
+                                                 "issuerURL": endpoint}),
+        _doc("KubeAPIServerConfig", image=f"{APISERVER_IMAGE}:v{k8s}"),
+        _doc("KubeControllerManagerConfig", image=f"{CONTROLLER_MANAGER_IMAGE}:v{k8s}"),
+        _doc("KubeSchedulerConfig", image=f"{SCHEDULER_IMAGE}:v{k8s}", config={}),
+        _doc("KubeProxyConfig", image=f"{PROXY_IMAGE}:v{k8s}", config={}),
+        _doc("KubeFlannelCNIConfig", backendType="vxlan", backendPort=4789),
+        _doc("KubeCoreDNSConfig", enabled=True),
+    ]
+
+
+def _audit_policy_defaults() -> dict:
+    return {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "rules": [{"level": "Metadata"}]}
 
 
 def _pod_security_defaults() -> dict:
@@ -583,65 +676,109 @@ def _omitted_when_empty(field, value: Any) -> bool:
         or (field.scalar == "i" and value == 0 and value is not False)
 
 
-# The key order Talos encodes the documents this program writes in (their Go structs' field order, as
-# in the published JSON schema), for the top level and for the mappings of a list field. The engine hands
-# a dynamic provider each mapping with its keys in its own order, so without this a config rendered by
-# `pulumi up` could differ from the offline render's; other documents get their keys sorted throughout.
-_DOCUMENT_KEY_ORDER: dict[str, tuple[tuple[str, ...], dict[str, tuple[str, ...]]]] = {
-    "HostnameConfig": (("auto", "hostname"), {}),
-    "KubeSpanConfig": (("enabled", "advertiseKubernetesNetworks", "allowDownPeerBypass", "harvestExtraEndpoints",
-                        "mtu", "filters"), {}),
-    "LinkAliasConfig": (("name", "selector"), {}),
-    "LinkConfig": (("name", "up", "mtu", "addresses", "routes", "multicast"),
-                   {"addresses": ("address", "routePriority"),
-                    "routes": ("destination", "gateway", "source", "metric", "mtu", "table")}),
-    "ResolverConfig": (("nameservers", "searchDomains"), {}),
-    "Layer2VIPConfig": (("name", "link"), {}),
-}
-
-
-def _ordered(mapping: Mapping, order: tuple[str, ...] = ()) -> dict:
+def _ordered(mapping: Mapping, order: Iterable[str] = ()) -> dict:
     """`mapping` with the keys of `order` first, in that order, then the rest sorted."""
+    order = tuple(order)
     return {**{k: mapping[k] for k in order if k in mapping}, **{k: mapping[k] for k in sorted(mapping) if k not in order}}
 
 
-def _sorted_throughout(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _sorted_throughout(v) for k, v in _ordered(value).items()}
+def _laid_out(value: Any, layout: Mapping | None) -> Any:
+    """`value` with its keys in Talos's encoding order: a struct's fields in `layout` order (the engine hands
+    a dynamic provider each mapping with its keys in its own order, so without this a config rendered by
+    `pulumi up` could differ from the offline render's); free-form mappings sorted, as Go encodes maps."""
     if isinstance(value, list):
-        return [_sorted_throughout(item) for item in value]
-    return value
+        return [_laid_out(item, layout) for item in value]
+    if not isinstance(value, Mapping):
+        return value
+    layout = layout or {}
+    return {k: _laid_out(v, layout.get(k)) for k, v in _ordered(value, layout).items()}
 
 
 def _normalize_other(document: dict) -> dict:
     head = {k: document[k] for k in ("apiVersion", "kind", "name") if k in document}
     rest = {k: v for k, v in document.items() if k not in head}
-    layout = _DOCUMENT_KEY_ORDER.get(document.get("kind"))
-    if layout is None:
-        return {**head, **_sorted_throughout(rest)}
-    order, items = layout
-    rest = _ordered(rest, order)
-    for field, item_order in items.items():
-        if isinstance(rest.get(field), list):
-            rest[field] = [_ordered(item, item_order) if isinstance(item, Mapping) else item for item in rest[field]]
-    return {**head, **rest}
+    return {**head, **_laid_out(rest, DOCUMENT_LAYOUT.get(document.get("kind")))}
 
 
-def _validate(v1alpha1: dict, role: str, errors: list[str]) -> None:
+# v1alpha1 fields Talos refuses next to a document that holds the same setting (each document's
+# V1Alpha1ConflictValidate, siderolabs/talos v1.14.0-rc.1 pkg/machinery/config/types).
+CONFLICTING_FIELDS = {
+    "DiscoveryServiceConfig": (("cluster", "discovery"),),
+    "DiscoveryIdentityConfig": (("cluster", "id"), ("cluster", "secret")),
+    "HostnameConfig": (("machine", "network", "hostname"),),
+    "ResolverConfig": (("machine", "network", "nameservers"), ("machine", "network", "searchDomains")),
+    "KubeSpanConfig": (("machine", "network", "kubespan"),),
+    "UnattendedInstallConfig": (("machine", "install"),),
+    "KubeClusterConfig": (("cluster", "clusterName"), ("cluster", "controlPlane", "endpoint")),
+    "KubeNodeConfig": (("cluster", "allowSchedulingOnControlPlanes"), ("cluster", "allowSchedulingOnMasters"),
+                       ("machine", "kubelet", "skipNodeRegistration"), ("machine", "kubelet", "registerWithFQDN"),
+                       ("machine", "kubelet", "nodeIP"), ("machine", "nodeLabels"), ("machine", "nodeAnnotations"),
+                       ("machine", "nodeTaints")),
+    "KubeletConfig": (("machine", "kubelet"),),
+    "KubeCredentialProviderConfig": (("machine", "kubelet"),),
+    "KubeNetworkConfig": (("cluster", "network"),),
+    "KubeFlannelCNIConfig": (("cluster", "network"),),
+    "KubeAPIServerCAConfig": (("cluster", "ca"),),
+    "KubeAggregatorCAConfig": (("cluster", "aggregatorCA"),),
+    "KubeServiceAccountConfig": (("cluster", "serviceAccount"),),
+    "KubeEtcdEncryptionConfig": (("cluster", "secretboxEncryptionSecret"), ("cluster", "aescbcEncryptionSecret")),
+    "KubeAdmissionControlConfig": (("cluster", "apiServer", "admissionControl"),),
+    "KubeAuthorizerConfig": (("cluster", "apiServer", "admissionControl"),),
+    "KubeAuditPolicyConfig": (("cluster", "apiServer", "auditPolicy"),),
+    "KubeAPIServerConfig": (("cluster", "apiServer"), ("cluster", "controlPlane", "localAPIServerPort")),
+    "KubeControllerManagerConfig": (("cluster", "controllerManager"), ("machine", "controlPlane", "controllerManager")),
+    "KubeSchedulerConfig": (("cluster", "scheduler"), ("machine", "controlPlane", "scheduler")),
+    "KubeProxyConfig": (("cluster", "proxy"),),
+    "KubeCoreDNSConfig": (("cluster", "coreDNS"),),
+    "KubePrismConfig": (("machine", "features", "kubePrism"),),
+    "KubeTalosAPIAccessConfig": (("machine", "features", "kubernetesTalosAPIAccess"),),
+}
+# Documents holding control-plane keys: on a worker they would hand it the cluster's secrets.
+CONTROLPLANE_ONLY_DOCUMENTS = ("KubeAggregatorCAConfig", "KubeServiceAccountConfig", "KubeEtcdEncryptionConfig")
+
+
+def _at(document: Mapping, path: tuple) -> Any:
+    node: Any = document
+    for part in path:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _present(value: Any) -> bool:
+    return value not in (None, "", [], {})
+
+
+def _validate(v1alpha1: dict, others: list[dict], role: str, errors: list[str]) -> None:
     machine = v1alpha1.get("machine") if isinstance(v1alpha1.get("machine"), dict) else {}
     cluster = v1alpha1.get("cluster") if isinstance(v1alpha1.get("cluster"), dict) else {}
+    by_kind = {}
+    for document in others:
+        by_kind.setdefault(document.get("kind"), document)
     if v1alpha1.get("version") != "v1alpha1":
         errors.append("version: expected 'v1alpha1'")
     node_type = machine.get("type")
     if node_type != role:
         errors.append(f"machine.type is {node_type!r} but this node's role is {role!r}; patches must not change the role")
+    for kind, paths in CONFLICTING_FIELDS.items():
+        for path in paths:
+            if kind in by_kind and _present(_at(v1alpha1, path)):
+                errors.append(f"{_dotted(path)} of the v1alpha1 document and the {kind} document set the same thing, "
+                              f"which Talos refuses; expected it in the {kind} document only")
     install = machine.get("install") if isinstance(machine.get("install"), dict) else {}
-    if not install.get("disk") and not install.get("diskSelector"):
+    unattended = by_kind.get("UnattendedInstallConfig")
+    if unattended is not None:
+        if not _present(_at(unattended, ("provisioning", "diskSelector", "match"))):
+            errors.append("UnattendedInstallConfig provisioning.diskSelector.match is missing; expected the install "
+                          'disk, e.g. disk.dev_path == "/dev/sda"')
+    elif not install.get("disk") and not install.get("diskSelector"):
         errors.append("machine.install.disk is missing; expected a patch setting the install disk, "
                       "e.g. {machine: {install: {disk: /dev/sda}}} (or machine.install.diskSelector)")
-    endpoint = (cluster.get("controlPlane") or {}).get("endpoint") if isinstance(cluster.get("controlPlane"), dict) else None
+    kube_cluster = by_kind.get("KubeClusterConfig")
+    endpoint = _at(kube_cluster if kube_cluster is not None else cluster,
+                   ("endpoint",) if kube_cluster is not None else ("controlPlane", "endpoint"))
     if not isinstance(endpoint, str) or urlparse(endpoint).scheme != "https":
-        errors.append("cluster.controlPlane.endpoint: expected an https:// URL of the Kubernetes API")
+        where = "KubeClusterConfig endpoint" if kube_cluster is not None else "cluster.controlPlane.endpoint"
+        errors.append(f"{where}: expected an https:// URL of the Kubernetes API")
     if role == "worker":
         for section, key in CONTROLPLANE_ONLY:
             container = machine if section == "machine" else cluster
@@ -651,6 +788,12 @@ def _validate(v1alpha1: dict, role: str, errors: list[str]) -> None:
             ca = container.get("ca")
             if isinstance(ca, dict) and ca.get("key"):
                 errors.append(f"{section}.ca.key must be empty on a worker (the CA key stays on control planes)")
+        for kind in CONTROLPLANE_ONLY_DOCUMENTS:
+            if kind in by_kind:
+                errors.append(f"the {kind} document is only valid on controlplane nodes, but this node's role is worker")
+        if _present(_at(by_kind.get("KubeAPIServerCAConfig") or {}, ("issuingCA", "key"))):
+            errors.append("KubeAPIServerCAConfig issuingCA.key must be empty on a worker (the CA key stays on "
+                          "control planes)")
     network = machine.get("network") if isinstance(machine.get("network"), dict) else {}
     for index, device in enumerate(network.get("interfaces") or []):
         if not isinstance(device, dict):
@@ -671,13 +814,13 @@ def finalize(documents: list[dict], role: str) -> list[dict]:
             errors.append(f"{_describe(doc_id)} appears twice")
         seen.add(doc_id)
         if not doc_id[0]:
-            normalized = _normalize(document, ROOT, (), errors)
-            _validate(normalized, role, errors)
-            result.append(normalized)
+            result.append(_normalize(document, ROOT, (), errors))
         else:
             if not doc_id[1]:
                 errors.append(f"a document with apiVersion {doc_id[0]!r} has no kind")
             result.append(_normalize_other(document))
+    v1alpha1 = next((d for d in result if not document_id(d)[0]), {})
+    _validate(v1alpha1, [d for d in result if document_id(d)[0]], role, errors)
     if errors:
         raise MachineConfigError("machine configuration is invalid:\n  - " + "\n  - ".join(errors))
     return result

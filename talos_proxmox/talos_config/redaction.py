@@ -54,9 +54,11 @@ SECRET_PATHS = frozenset({
 SECRET_KEY_NAMES = frozenset({
     "key", "token", "secret", "password", "passphrase", "privateKey", "identityToken", "apiToken", "auth",
     "aescbcEncryptionSecret", "secretboxEncryptionSecret", "bootstrapToken",
+    "clusterID", "clusterSecret",  # DiscoveryIdentityConfig (v1.14; cluster.id and cluster.secret before)
 })
 
-CERTIFICATE_KEY = "crt"
+# v1alpha1's certificates (base64 PEM) and the v1.14 Kubernetes CA documents' (PEM).
+CERTIFICATE_KEYS = frozenset({"crt", "cert"})
 _MIN_BUNDLE_VALUE = 8  # shorter strings would mask unrelated text; every bundle secret is far longer
 
 
@@ -93,7 +95,7 @@ def _redact(node: Any, path: tuple, in_v1alpha1: bool, known: tuple[str, ...]) -
                 if (in_v1alpha1 and child in SECRET_PATHS) or key in SECRET_KEY_NAMES:
                     result[key] = MASK
                     continue
-                if key == CERTIFICATE_KEY:
+                if key in CERTIFICATE_KEYS:
                     result[key] = certificate_fingerprint(value)
                     continue
             result[key] = _redact(value, child, in_v1alpha1, known)

@@ -1,6 +1,8 @@
-"""Field layout of the Talos v1alpha1 machine configuration document (contract v1.12/v1.13).
+"""Field layout of the Talos v1alpha1 machine configuration document (contracts v1.12 to v1.14).
 
-Facts taken from siderolabs/talos pkg/machinery/config/types/v1alpha1 at v1.13.7: every struct's
+Facts taken from siderolabs/talos pkg/machinery/config/types/v1alpha1 at v1.13.7 (v1.14.0-rc.1 differs in
+one tag: cluster.controlPlane became omitempty, which the layout follows; every config of an earlier
+contract has it, so they encode the same): every struct's
 YAML keys in declaration order (Talos re-encodes a patched config in this order), which keys are
 lists (`[]`), free-form maps (`{}`) or nested structs (`=Struct`), and flags: `!r` a strategic
 merge replaces the value instead of merging/appending; `!a` always encoded (no omitempty); `!p`
@@ -163,7 +165,7 @@ _LAYOUT = {
     "ClusterInlineManifest": "name!a!s contents!a!s",
     "AdminKubeconfigConfig": "certLifetime",
     "ClusterConfig": (
-        "id!s secret!s controlPlane=ControlPlaneConfig!a!p clusterName!s "
+        "id!s secret!s controlPlane=ControlPlaneConfig!p clusterName!s "
         "network=ClusterNetworkConfig!p token!s aescbcEncryptionSecret!s "
         "secretboxEncryptionSecret!s ca=PEMCertificateAndKey!p "
         "acceptedCAs[]=PEMCertificate aggregatorCA=PEMCertificateAndKey!p "
@@ -184,15 +186,21 @@ _LAYOUT = {
 
 ROOT = "Config"
 
-# Other documents' merge rules (siderolabs/talos v1.13.7 pkg/machinery/config/types): only the fields
-# whose strategic merge is not the default. Partial on purpose: used for merging, never to validate.
+# Other documents' merge rules (siderolabs/talos v1.13.7 and v1.14.0-rc.1 pkg/machinery/config/types, the
+# `merge:"replace"` tags and custom merges): only the fields whose strategic merge is not the default.
+# Partial on purpose: used for merging, never to validate.
 _OTHER_DOCUMENTS_LAYOUT = {
     "ExtensionServiceConfig": "configFiles[]",
     "NetworkRuleConfig": "portSelector=RulePortSelector ingress[]!r",
     "RulePortSelector": "ports[]!r",
+    "KubeNetworkConfig": "podSubnets[]!r serviceSubnets[]!r",
+    "KubeAuditPolicyConfig": "configuration!r",
+    "KubeAuthenticationConfig": "configuration!r",
+    "KubeCredentialProviderConfig": "configuration!r",
+    "KubeStaticPodConfig": "pod!r",
 }
 # document kind -> struct holding its merge rules
-DOCUMENT_MERGE_STRUCTS = {"ExtensionServiceConfig": "ExtensionServiceConfig", "NetworkRuleConfig": "NetworkRuleConfig"}
+DOCUMENT_MERGE_STRUCTS = {kind: kind for kind in _OTHER_DOCUMENTS_LAYOUT if kind != "RulePortSelector"}
 
 
 @dataclass(frozen=True)
