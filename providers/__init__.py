@@ -41,19 +41,6 @@ def has_unknowns(value: Any) -> bool:
     return False
 
 
-def with_integers(value: Any) -> Any:
-    """`value` with each whole-number float made an int again. The engine carries every number as a
-    protobuf double, so a patch's `mtu: 1420` reaches a dynamic provider as 1420.0, which Talos's
-    integer fields (and Go's YAML decoder) refuse."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, Mapping):
-        return {key: with_integers(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [with_integers(item) for item in value]
-    return value
-
-
 def vm_replaced(olds: Mapping, news: Mapping) -> bool:
     """True when the VM whose id a resource records (`vm_id`, an output of the node's VM) is being
     replaced: the id is unknown (the engine asks with it unknown when it works out what a delete-before-

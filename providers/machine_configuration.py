@@ -14,7 +14,8 @@ from typing import Any, Mapping, Optional, Sequence
 import pulumi
 import pulumi.dynamic as dynamic
 
-from providers import check_result, has_unknowns, with_integers
+from providers import check_result, has_unknowns
+from talos_proxmox.engine_values import with_integers
 from talos_proxmox.settings.stack import cluster_rename_problem
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 from talos_proxmox.talos_config.redaction import redact_config

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes, normalized
+from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes
+from talos_proxmox.engine_values import with_integers
 
 # fact -> its stack key: a change of any of them makes a new VM.
 IDENTITY = {"host": "proxmoxNode", "vm_id": "vmId", "mac": "mac"}
@@ -29,7 +30,7 @@ def identity_changes(old_vm: Optional[Mapping[str, Any]], new_vm: Mapping[str, A
     (Proxmox picks the VM id; a VM recorded before the fact was tracked) is no change."""
     if not old_vm:
         return []
-    old, new = normalized(old_vm), normalized(new_vm)
+    old, new = with_integers(old_vm), with_integers(new_vm)
     return [f"{key} {old[fact]!r} -> {new[fact]!r}" for fact, key in IDENTITY.items()
             if old.get(fact) is not None and new.get(fact) is not None and old[fact] != new[fact]]
 
@@ -52,7 +53,7 @@ def disk_problems(node: str, old_vm: Optional[Mapping[str, Any]], new_vm: Mappin
     """A smaller or removed disk: Proxmox cannot shrink one, and a removed one takes its data along."""
     if not old_vm:
         return []
-    old, new = normalized(old_vm), normalized(new_vm)
+    old, new = with_integers(old_vm), with_integers(new_vm)
     problems = []
     for fact, key in DISKS.items():
         before, after = old.get(fact), new.get(fact)

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from talos_proxmox.day_two import rolling
+from talos_proxmox.engine_values import with_integers
 from talos_proxmox.proxmox_api import vms
 from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.retry import Backoff
@@ -27,17 +28,11 @@ POWER_OFF_SECONDS = 600  # Talos drains the node (pods have their grace periods)
 START_SECONDS = 120
 
 
-def normalized(vm: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts with whole numbers as ints: through the engine every number arrives as a float."""
-    return {fact: int(value) if isinstance(value, float) and value.is_integer() else value
-            for fact, value in vm.items()}
-
-
 def hardware_changes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> dict[str, tuple]:
     """fact -> (old, new) for the hardware that changed. A VM recorded before this was tracked has none."""
     if not old:
         return {}
-    old, new = normalized(old), normalized(new)
+    old, new = with_integers(old), with_integers(new)  # through the engine every number is a float
     return {fact: (old.get(fact), new.get(fact)) for fact in HARDWARE if old.get(fact) != new.get(fact)}
 
 
