@@ -149,6 +149,37 @@ def test_a_data_disk_may_be_added_or_grown_but_not_removed_or_shrunk():
     assert shrunk.startswith("node w-1: dataDisk.size 50 -> 40 GiB: Proxmox cannot shrink a disk; keep 50 GiB or more")
 
 
+def _with_volume(volume, **vm_changes):
+    with_data = plan({"w-1": {"data_disk_gb": 50, **vm_changes}})
+    with_data["nodes"]["w-1"]["data_volume"] = volume
+    return with_data
+
+
+LEGACY_VOLUME = {"form": "machine.disks", "mountpoint": "/var/lib/longhorn"}
+USER_VOLUME = {"form": "user volume", "mountpoint": "/var/mnt/longhorn"}
+
+
+@pytest.mark.parametrize("new_volume, shown", [
+    (USER_VOLUME, "machine.disks at /var/lib/longhorn -> user volume at /var/mnt/longhorn"),
+    ({"form": "machine.disks", "mountpoint": "/var/lib/data"},
+     "machine.disks at /var/lib/longhorn -> machine.disks at /var/lib/data"),
+])
+def test_a_data_disk_mounted_anew_is_refused_naming_both_mounts(new_volume, shown):
+    # Talos 1.13 -> 1.14 moves a data disk to a user volume: Talos would look for a volume the disk lacks.
+    [problem] = node_changes.problems(_with_volume(LEGACY_VOLUME), _with_volume(new_volume))
+    assert problem == (f"node w-1: its data disk would be mounted anew ({shown}), and Talos would not find its "
+                       "data there; keep the data disk as it is, or to change it, take w-1 out of nodes and "
+                       "`pulumi up` (it leaves etcd and is reset), then add it back with the new data disk and "
+                       "`pulumi up` again (it comes back empty: move the data off first, e.g. let Longhorn "
+                       "re-replicate, one node at a time)")
+
+
+def test_a_data_disk_kept_grown_added_or_recorded_before_its_mount_is_no_problem():
+    assert node_changes.problems(_with_volume(LEGACY_VOLUME), _with_volume(dict(LEGACY_VOLUME), data_disk_gb=80)) == []
+    assert node_changes.problems(OLD, _with_volume(USER_VOLUME)) == []  # a new data disk
+    assert node_changes.problems(plan({"w-1": {"data_disk_gb": 50}}), _with_volume(USER_VOLUME)) == []  # not recorded
+
+
 # --- the NodeChanges provider -------------------------------------------------------------------
 
 def test_node_changes_checks_the_new_plan_against_the_recorded_one():

@@ -205,3 +205,22 @@ def test_v1_14_data_disk_must_be_a_user_volume_mount():
         if node.get("dataDisk"):
             node["dataDisk"] = {"size": 30}
     assert {n.data_disk.mountpoint for n in load_settings(raw).nodes if n.data_disk} == {"/var/mnt/longhorn"}
+
+
+def test_moving_a_cluster_with_data_disks_to_v1_14_is_refused_before_anything_changes():
+    from talos_proxmox.cluster_plan.resource_inputs import node_change_plan
+    from talos_proxmox.day_two import node_changes
+
+    before, after = settings(), v1_14()
+    found = node_changes.problems(node_change_plan(before, INSTALLER), node_change_plan(after, INSTALLER))
+    with_disks = [n.name for n in before.nodes if n.data_disk is not None]
+    assert with_disks and [p.split(":")[0] for p in found] == [f"node {name}" for name in sorted(with_disks)]
+    assert all("(machine.disks at /var/lib/longhorn -> user volume at /var/mnt/longhorn)" in p for p in found)
+    # Without data disks the same move is an upgrade like any other.
+    bare = {"nodes": [{k: v for k, v in n.items() if k != "dataDisk"}
+                      for n in stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml"))["nodes"]]}
+    plain_before = load_settings({**stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml")), **bare})
+    raw_after = {**stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml")), **bare}
+    raw_after["cluster"] = {**raw_after["cluster"], "talosVersion": "v1.14.0", "kubernetesVersion": "1.36.2"}
+    assert node_changes.problems(node_change_plan(plain_before, INSTALLER),
+                                 node_change_plan(load_settings(raw_after), INSTALLER)) == []

@@ -7,9 +7,10 @@ files the command writes are the ones `pulumi up` sends, given the same secrets 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from talos_proxmox.image_factory import images
+from talos_proxmox.cluster_plan import node_patches as derived_patches
 from talos_proxmox.cluster_plan.node_patches import node_patches
 from talos_proxmox.settings.stack import NodeSettings, Settings
 
@@ -82,5 +83,15 @@ def node_change_plan(settings: Settings, installer_image: str) -> dict[str, Any]
     return dict(
         installer_image=installer_image,
         kubernetes_version=settings.cluster.kubernetes_version,
-        nodes={node.name: {"role": node.role, "vm": vm_facts(settings, node)} for node in settings.nodes},
+        nodes={node.name: {"role": node.role, "vm": vm_facts(settings, node),
+                           "data_volume": data_volume_facts(settings, node)} for node in settings.nodes},
     )
+
+
+def data_volume_facts(settings: Settings, node: NodeSettings) -> Optional[dict[str, str]]:
+    """Where the node's data disk is mounted and in which form (node_patches.node_storage_patches):
+    `machine.disks` before Talos 1.14, a user volume from it. None without a data disk."""
+    if node.data_disk is None:
+        return None
+    form = "user volume" if derived_patches.multidoc(settings) else "machine.disks"
+    return {"form": form, "mountpoint": node.data_disk.mountpoint}

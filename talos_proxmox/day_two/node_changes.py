@@ -7,10 +7,11 @@ VM boots the ISO and gets a first apply. That takes the node out of the cluster 
 replacement is allowed one node per up, with no other node change beside it (an upgrade, a Kubernetes
 roll, a hardware roll, a node added or removed would take a second node down meanwhile), and never for
 the cluster's only control plane (etcd would go with it). Changes that lose data (a smaller or removed
-disk) are refused outright, with the way to make them.
+disk, a data disk mounted anew) are refused outright, with the way to make them.
 
 The plan this reads, old (from the last up, or None) and new: {"installer_image", "kubernetes_version",
-"nodes": {name: {"role", "vm": the VM's facts (talos_proxmox.day_two.vm_hardware)}}}. No Pulumi here.
+"nodes": {name: {"role", "vm": the VM's facts (talos_proxmox.day_two.vm_hardware), "data_volume": its data disk's
+form and mountpoint or None}}}; a plan recorded before a fact was has none, which is no change. No Pulumi here.
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ def disk_problems(node: str, old_vm: Optional[Mapping[str, Any]], new_vm: Mappin
     return problems
 
 
+def data_volume_problems(node: str, old_volume: Optional[Mapping[str, Any]],
+                         new_volume: Optional[Mapping[str, Any]]) -> list[str]:
+    """A data disk mounted anew (another mountpoint, or moved from machine.disks to a Talos 1.14 user volume):
+    Talos would look for a volume the disk does not have, and the node's data would stay on the disk,
+    unmounted, while its workloads start on an empty directory."""
+    if not old_volume or not new_volume or dict(old_volume) == dict(new_volume):
+        return []
+    before = f"{old_volume.get('form')} at {old_volume.get('mountpoint')}"
+    after = f"{new_volume.get('form')} at {new_volume.get('mountpoint')}"
+    return [f"node {node}: its data disk would be mounted anew ({before} -> {after}), and Talos would not find "
+            f"its data there; keep the data disk as it is, or {_two_ups(node, 'data disk')} (it comes back "
+            f"empty: move the data off first, e.g. let Longhorn re-replicate, one node at a time)"]
+
+
 def other_changes(old: Mapping[str, Any], new: Mapping[str, Any], replaced: str) -> list[str]:
     """What else this up does to nodes besides replacing `replaced`'s VM, each a short phrase."""
     found = []
@@ -92,7 +107,8 @@ def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[s
         return []
     old_nodes = old.get("nodes") or {}
     found = [problem for name, node in sorted(new["nodes"].items()) if name in old_nodes
-             for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})]
+             for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})
+             + data_volume_problems(name, old_nodes[name].get("data_volume"), node.get("data_volume"))]
     replaced = replaced_nodes(old, new)
     described = {name: ", ".join(changes) for name, changes in replaced.items()}
     if len(replaced) > 1:
