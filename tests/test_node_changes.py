@@ -177,7 +177,14 @@ def test_a_data_disk_mounted_anew_is_refused_naming_both_mounts(new_volume, show
 def test_a_data_disk_kept_grown_added_or_recorded_before_its_mount_is_no_problem():
     assert node_changes.problems(_with_volume(LEGACY_VOLUME), _with_volume(dict(LEGACY_VOLUME), data_disk_gb=80)) == []
     assert node_changes.problems(OLD, _with_volume(USER_VOLUME)) == []  # a new data disk
-    assert node_changes.problems(plan({"w-1": {"data_disk_gb": 50}}), _with_volume(USER_VOLUME)) == []  # not recorded
+    unrecorded = plan({"w-1": {"data_disk_gb": 50}})  # a plan from before data volumes were recorded
+    assert node_changes.problems(unrecorded, _with_volume(LEGACY_VOLUME)) == []
+
+
+def test_a_plan_from_before_data_volumes_were_recorded_had_machine_disks():
+    [problem] = node_changes.problems(plan({"w-1": {"data_disk_gb": 50}}), _with_volume(USER_VOLUME))
+    assert problem.startswith("node w-1: its data disk would be mounted anew (machine.disks at its mountpoint "
+                              "then -> user volume at /var/mnt/longhorn)")
 
 
 # --- the NodeChanges provider -------------------------------------------------------------------

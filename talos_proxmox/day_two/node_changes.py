@@ -74,13 +74,26 @@ def data_volume_problems(node: str, old_volume: Optional[Mapping[str, Any]],
     """A data disk mounted anew (another mountpoint, or moved from machine.disks to a Talos 1.14 user volume):
     Talos would look for a volume the disk does not have, and the node's data would stay on the disk,
     unmounted, while its workloads start on an empty directory."""
-    if not old_volume or not new_volume or dict(old_volume) == dict(new_volume):
+    if not old_volume or not new_volume:
         return []
-    before = f"{old_volume.get('form')} at {old_volume.get('mountpoint')}"
+    if old_volume.get("form") == new_volume.get("form") and \
+            old_volume.get("mountpoint") in (None, new_volume.get("mountpoint")):
+        return []
+    before = f"{old_volume.get('form')} at {old_volume.get('mountpoint') or 'its mountpoint then'}"
     after = f"{new_volume.get('form')} at {new_volume.get('mountpoint')}"
     return [f"node {node}: its data disk would be mounted anew ({before} -> {after}), and Talos would not find "
             f"its data there; keep the data disk as it is, or {_two_ups(node, 'data disk')} (it comes back "
             f"empty: move the data off first, e.g. let Longhorn re-replicate, one node at a time)"]
+
+
+def recorded_data_volume(node: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The data disk's form and mountpoint as the last up recorded them. A plan from before they were
+    recorded predates Talos 1.14 support, so a data disk it has was `machine.disks` (mountpoint unknown)."""
+    if "data_volume" in node:
+        return node["data_volume"]
+    if (node.get("vm") or {}).get("data_disk_gb") is not None:
+        return {"form": "machine.disks", "mountpoint": None}
+    return None
 
 
 def other_changes(old: Mapping[str, Any], new: Mapping[str, Any], replaced: str) -> list[str]:
@@ -108,7 +121,7 @@ def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[s
     old_nodes = old.get("nodes") or {}
     found = [problem for name, node in sorted(new["nodes"].items()) if name in old_nodes
              for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})
-             + data_volume_problems(name, old_nodes[name].get("data_volume"), node.get("data_volume"))]
+             + data_volume_problems(name, recorded_data_volume(old_nodes[name]), node.get("data_volume"))]
     replaced = replaced_nodes(old, new)
     described = {name: ", ".join(changes) for name, changes in replaced.items()}
     if len(replaced) > 1:
