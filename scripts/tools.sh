@@ -118,6 +118,9 @@ blocked pulumi-resource-proxmoxve "no version served by the module proxy" \
   "$PROXMOXVE_PROVIDER_COMMIT" github.com/muhlba91/pulumi-proxmoxve/provider/cmd/pulumi-resource-proxmoxve \
   "-X github.com/muhlba91/pulumi-proxmoxve/provider/pkg/version.Version=$proxmoxve_version"
 
+# Our talos-oracle, once per Talos line (TALOS_ORACLE_MACHINERY_VERSIONS): the real Talos code checks every render.
+attempt talos-oracle bash scripts/build-talos-oracle.sh
+
 # talosctl at the Talos release whose configs we render (TALOSCTL_VERSION), the oracle for them.
 blocked talosctl "dependencies refused by the module proxy" \
   go_tool talosctl github.com/siderolabs/talos "$TALOSCTL_VERSION" github.com/siderolabs/talos/cmd/talosctl \
