@@ -84,13 +84,14 @@ def test_stack_renders_exactly_what_the_seeds_hand_patches_render_in_todays_docu
     assert others(parse_config(ours)) == others(seeds)
 
 
-def test_cluster_network_is_replaced_not_appended():
-    ops = by_node(settings())["master-1"][1]
-    assert ops == [
-        {"op": "replace", "path": "/cluster/network/dnsDomain", "value": "cluster.local"},
-        {"op": "replace", "path": "/cluster/network/podSubnets", "value": ["10.244.0.0/16"]},
-        {"op": "replace", "path": "/cluster/network/serviceSubnets", "value": ["10.96.0.0/12"]},
-    ]
+@pytest.mark.parametrize("talos_version", ["v1.12.9", "v1.13.7"])
+def test_cluster_network_is_a_merge_whose_subnets_replace_the_defaults(talos_version):
+    s = settings(cluster={"talosVersion": talos_version, "domain": "example.internal",
+                          "podSubnets": ["10.200.0.0/16"], "serviceSubnets": ["10.201.0.0/16"]})
+    master = s.control_planes[0]
+    network = {"dnsDomain": "example.internal", "podSubnets": ["10.200.0.0/16"], "serviceSubnets": ["10.201.0.0/16"]}
+    assert node_patches(s, master, INSTALLER)[1] == {"cluster": {"network": network}}
+    assert _rendered(s, master)["v1alpha1"]["cluster"]["network"] == {**network, "cni": {"name": "none"}}
 
 
 def test_ccm_settings_on_every_node_and_talos_api_access_on_control_planes_only():

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Optional
 import pytest
 import yaml
 
+from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs
 from talos_proxmox.commands import render
 from talos_proxmox.settings.stack import PROJECT, Settings
@@ -42,8 +43,6 @@ LINES = {"v1.12": "v1.12.7", "v1.13": "v1.13.9", "v1.14": "v1.14.1"}
 FIXED_SECRETS = REPO / "tests" / "data" / "talos-stability" / "secrets.yaml"
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in (REPO / "stacks").glob("Pulumi.*.yaml"))
 BUILD_HINT = "run `bash scripts/tools.sh` (it builds them with scripts/build-talos-oracle.sh) first"
-# What machinery's configpatcher answers an RFC 6902 patch on a multi-document config (json6902.go).
-JSON6902_ON_MULTIDOC = "JSON6902 patches are not supported for multi-document machine configuration"
 UNATTENDED_INSTALL = "UnattendedInstallConfig"
 
 
@@ -198,37 +197,13 @@ def render_case(line: str, name: str, config: dict, directory: Path, secrets: Op
     return case
 
 
-def json6902_as_strategic_merge(operations: list, label: str) -> dict:
-    """An RFC 6902 patch as the strategic merge that means the same, for the oracle.
-
-    Our render applies RFC 6902 patches to the v1alpha1 document (machine_config's docstring), and the
-    derived cluster-network patch of v1.12/v1.13 is one; talosctl refuses any RFC 6902 patch once the
-    config has more than one document, which gen config's does from v1.12 (test below). Its `replace`s
-    of dnsDomain, podSubnets and serviceSubnets are the same as a merge of those keys, since Talos
-    replaces those two lists on merge (`merge:"replace"`) instead of appending. Anything else is refused
-    here, so a new kind of RFC 6902 patch is looked at rather than silently translated."""
-    merged: dict = {}
-    for op in operations:
-        steps = op["path"].lstrip("/").split("/")
-        if op["op"] != "replace" or steps[:2] != ["cluster", "network"] or \
-                steps[2:] not in (["dnsDomain"], ["podSubnets"], ["serviceSubnets"]):
-            raise AssertionError(f"{label}: no strategic-merge equivalent known for {op['op']} {op['path']}")
-        merged.setdefault("cluster", {}).setdefault("network", {})[steps[2]] = op["value"]
-    return merged
-
-
 def patch_files(patches: Iterable[Any], directory: Path) -> list[str]:
     """Each patch as a file for `--config-patch @FILE`, in order."""
     directory.mkdir(parents=True, exist_ok=True)
     arguments = []
     for index, patch in enumerate(patches):
         path = directory / f"patch-{index:02d}.yaml"
-        if isinstance(patch, str):
-            path.write_text(patch)
-        else:
-            if isinstance(patch, list):
-                patch = json6902_as_strategic_merge(patch, f"patch {index + 1}")
-            path.write_text(yaml.safe_dump(patch, sort_keys=False))
+        path.write_text(patch if isinstance(patch, str) else yaml.safe_dump(patch, sort_keys=False))
         arguments.append(f"@{path}")
     return arguments
 
@@ -374,17 +349,17 @@ def test_gen_config_with_our_patches_gives_our_render(rendered, line, name):
         assert our_order == their_order, node.name
 
 
-@pytest.mark.parametrize("line", ["v1.12", "v1.13"])
-def test_talos_refuses_rfc6902_patches_on_the_multi_document_config(rendered, line, tmp_path):
-    # Why json6902_as_strategic_merge exists: fed as it is, our derived cluster-network patch is refused.
-    node = rendered.cases[(line, "dev-no-vip")].nodes[0]
-    [operations] = [p for p in node.oracle_inputs["patches"] if isinstance(p, list)]
-    patch = tmp_path / "json6902.yaml"
-    patch.write_text(yaml.safe_dump(operations))
-    inputs = {**node.oracle_inputs, "patches": []}
-    args = gen_config_args(line, inputs, FIXED_SECRETS, tmp_path / "out")
-    done = run_oracle(line, *args[:-2], "--config-patch", f"@{patch}", *args[-2:], check=False)
-    assert done.returncode != 0 and JSON6902_ON_MULTIDOC in done.stderr
+@pytest.mark.parametrize("name", CASE_NAMES)
+@pytest.mark.parametrize("line", LINES)
+def test_every_derived_patch_is_a_strategic_merge(rendered, line, name):
+    # talosctl refuses RFC 6902 patches on a multi-document config (machinery's configpatcher, json6902.go),
+    # and gen config's is one from v1.12: as merges, our derived patches also work with talosctl.
+    settings = rendered.cases[(line, name)].settings
+    installer = image_facts(settings).installer_image
+    for node in settings.nodes:
+        for label, patch in labeled_node_patches(settings, node, installer):
+            if label == DERIVED:
+                assert machine_config.parse_patch(patch, label)[0] == "strategic", f"{node.name}: {patch!r}"
 
 
 # ---------------------------------------------------------------- 3. a talosctl-shaped secrets bundle

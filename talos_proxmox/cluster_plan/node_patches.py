@@ -40,18 +40,16 @@ def install_patch(settings: Settings, installer_image: str) -> dict:
     return {"machine": {"install": {"disk": disk, "image": installer_image}}}
 
 
-def cluster_network_patch(settings: Settings) -> list[dict] | dict:
-    """Subnets and domain. Before v1.14 as JSON patch `replace`, since a strategic merge would append to the
-    default lists; the KubeNetworkConfig document's subnets are replaced by a merge (as Talos merges them)."""
+def cluster_network_patch(settings: Settings) -> dict:
+    """Subnets and domain: the v1alpha1 document's cluster.network, from v1.14 the KubeNetworkConfig document.
+    A strategic merge, as every derived patch (talosctl refuses RFC 6902 patches on the multi-document configs
+    `gen config` writes); Talos replaces podSubnets and serviceSubnets on merge (`merge:"replace"`), so the
+    stack's lists take the defaults' place."""
     c = settings.cluster
+    network = {"dnsDomain": c.domain, "podSubnets": list(c.pod_subnets), "serviceSubnets": list(c.service_subnets)}
     if multidoc(settings):
-        return _document("KubeNetworkConfig", dnsDomain=c.domain, podSubnets=list(c.pod_subnets),
-                         serviceSubnets=list(c.service_subnets))
-    return [
-        {"op": "replace", "path": "/cluster/network/dnsDomain", "value": c.domain},
-        {"op": "replace", "path": "/cluster/network/podSubnets", "value": list(c.pod_subnets)},
-        {"op": "replace", "path": "/cluster/network/serviceSubnets", "value": list(c.service_subnets)},
-    ]
+        return _document("KubeNetworkConfig", **network)
+    return {"cluster": {"network": network}}
 
 
 def cluster_features_patch(settings: Settings, role: str) -> list[dict]:
