@@ -35,6 +35,18 @@ def stack_config(stack: str) -> dict[str, Any]:
     return copy.deepcopy(stack_file_config(str(REPO / "stacks" / f"Pulumi.{stack}.yaml")))
 
 
+def with_sections(config: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """A copy of `config` with each section's keys replaced (nodes: {index: that node's changes})."""
+    config = copy.deepcopy(config)
+    for key, value in sections.items():
+        if key == "nodes":
+            for index, changes in value.items():
+                config["nodes"][index].update(changes)
+        else:
+            config[key] = {**(config.get(key) or {}), **value}
+    return config
+
+
 @dataclass
 class Registration:
     """One resource the program registered, as the engine saw it."""

@@ -4,12 +4,11 @@ behind a LoadBalancer with an LB-IPAM pool, and CCM node IPAM."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 
 from talos_proxmox.talos_config import machine_config, secrets_bundle
-from tests.mocked_program import run_program, stack_config
+from tests.mocked_program import run_program, stack_config, with_sections
 
 VM = "proxmoxve:index/vmLegacy:VmLegacy"
 ISO = "proxmoxve:download/file:File"
@@ -20,14 +19,7 @@ SERVICE = "kubernetes:core/v1:Service"
 
 
 def dev(**sections) -> dict:
-    config = copy.deepcopy(stack_config("dev"))
-    for key, value in sections.items():
-        if key == "nodes":
-            for index, changes in value.items():
-                config["nodes"][index].update(changes)
-        else:
-            config[key] = {**(config.get(key) or {}), **value}
-    return config
+    return with_sections(stack_config("dev"), **sections)
 
 
 @pytest.fixture(scope="module")
