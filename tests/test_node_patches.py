@@ -164,7 +164,7 @@ def _rendered(s, node):
 def test_v1_14_defaults_to_its_kubernetes_and_renders_every_setting_as_its_document():
     s = v1_14(ccm={"enabled": True, "nodeIpam": {"maskSizeIpv4": 24}},
               cluster={"podSubnets": ["10.200.0.0/16"], "domain": "example.internal"})
-    assert s.cluster.kubernetes_version == "1.37.0-rc.0"
+    assert s.cluster.kubernetes_version == "1.37.0"
     master, worker = s.control_planes[0], next(n for n in s.workers if n.data_disk is not None)
     cp, w = _rendered(s, master), _rendered(s, worker)
     for docs in (cp, w):

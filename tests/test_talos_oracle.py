@@ -29,10 +29,10 @@ import yaml
 from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs
 from talos_proxmox.commands import render
-from talos_proxmox.settings.stack import PROJECT, Settings
+from talos_proxmox.settings.stack import DEFAULT_KUBERNETES_VERSIONS, PROJECT, Settings
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 from talos_proxmox.talos_config import machine_config, secrets_bundle
-from tests.mocked_program import stack_config
+from tests.mocked_program import stack_config, with_sections
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = REPO / ".tools" / "bin"
@@ -73,23 +73,11 @@ def oracles() -> None:
 # ---------------------------------------------------------------- the stacks under test
 
 
-def _merged(config: dict, **sections: Any) -> dict:
-    """`config` with each section's keys replaced (nodes: {index: changes})."""
-    config = copy.deepcopy(config)
-    for key, value in sections.items():
-        if key == "nodes":
-            for index, changes in value.items():
-                config["nodes"][index].update(changes)
-        else:
-            config[key] = {**(config.get(key) or {}), **value}
-    return config
-
-
 def for_line(config: dict, line: str) -> dict:
     """A stack moved to the line's release. Under v1.14 a data disk is a user volume, which Talos mounts at
     /var/mnt/<name> (the settings refuse any other mountpoint there), so a stack's /var/lib/longhorn
     becomes /var/mnt/longhorn."""
-    config = _merged(config, cluster={"talosVersion": LINES[line]})
+    config = with_sections(config, cluster={"talosVersion": LINES[line]})
     if line == "v1.14":
         for node in config["nodes"]:
             disk = node.get("dataDisk")
@@ -128,17 +116,17 @@ def dev_variants(line: str) -> dict[str, dict]:
     patches = user_patches(line)
     return {
         "dev-no-vip": no_vip,
-        "dev-kubespan": _merged(dev, cluster={"kubespan": {"enabled": True, "mtu": 1420,
+        "dev-kubespan": with_sections(dev, cluster={"kubespan": {"enabled": True, "mtu": 1420,
                                                            "advertiseKubernetesNetworks": True}}),
-        "dev-data-disk": _merged(dev, nodes={1: {"dataDisk": {"size": 30, "device": "/dev/sdb", "mountpoint": mount},
+        "dev-data-disk": with_sections(dev, nodes={1: {"dataDisk": {"size": 30, "device": "/dev/sdb", "mountpoint": mount},
                                                  "kernelModules": ["iscsi_tcp", "nbd"]}}),
-        "dev-ccm": _merged(dev, ccm={"enabled": True}),
-        "dev-ccm-node-ipam": _merged(dev, ccm={"enabled": True, "nodeIpam": {"maskSizeIpv4": 24}}),
-        "dev-nocloud": _merged(dev, image={"platform": "nocloud"}),
-        "dev-secure-boot-tpm": _merged(dev, image={"secureBoot": True}, cluster={"systemDiskEncryption": "tpm"}),
-        "dev-no-cilium-no-discovery": _merged(dev, cilium={"enabled": False}, hubble={"enabled": False},
+        "dev-ccm": with_sections(dev, ccm={"enabled": True}),
+        "dev-ccm-node-ipam": with_sections(dev, ccm={"enabled": True, "nodeIpam": {"maskSizeIpv4": 24}}),
+        "dev-nocloud": with_sections(dev, image={"platform": "nocloud"}),
+        "dev-secure-boot-tpm": with_sections(dev, image={"secureBoot": True}, cluster={"systemDiskEncryption": "tpm"}),
+        "dev-no-cilium-no-discovery": with_sections(dev, cilium={"enabled": False}, hubble={"enabled": False},
                                               cluster={"discovery": False}),
-        "dev-user-patches": _merged(_merged(dev, cluster=patches["cluster"]), nodes=patches["nodes"]),
+        "dev-user-patches": with_sections(with_sections(dev, cluster=patches["cluster"]), nodes=patches["nodes"]),
     }
 
 
@@ -375,7 +363,7 @@ def adopted(tmp_path_factory) -> dict[str, tuple[Path, Case, dict]]:
         directory = tmp_path_factory.mktemp(f"adopted-{line}")
         bundle = directory / "secrets.yaml"
         run_oracle(line, "gen-secrets", "--talos-version", version, "--output-file", str(bundle))
-        config = _merged(for_line(stack_config("test-cluster"), line), cluster={"secretsFile": str(bundle)})
+        config = with_sections(for_line(stack_config("test-cluster"), line), cluster={"secretsFile": str(bundle)})
         case = render_case(line, "test-cluster-adopted", config, directory, secrets=None)
         oracle_gen_config(case, directory, secrets=bundle)
         result[line] = (bundle, case, validate(line, [n.rendered for n in case.nodes]))
@@ -409,3 +397,15 @@ def test_our_generated_bundle_passes_machinerys_bundle_validation(line, tmp_path
                "--install-image", f"ghcr.io/siderolabs/installer:{LINES[line]}", "--with-docs=false",
                "--with-examples=false", "--output", str(tmp_path / "out"), "ours", "https://10.0.0.1:6443")
     assert (tmp_path / "out" / "worker.yaml").is_file()
+
+
+# Our default Kubernetes version per line against what the oracle's machinery picks: the same for v1.14;
+# for v1.12 and v1.13 ours are those of the releases each line was first built against (v1.12.0, v1.13.7),
+# kept until moved on purpose (a new default rolls Kubernetes on every cluster that does not pin it).
+KEPT_DEFAULTS = {"v1.12": ("1.35.0", "1.35.4"), "v1.13": ("1.36.2", "1.36.3")}
+
+
+@pytest.mark.parametrize("line", sorted(LINES))
+def test_default_kubernetes_version_is_the_lines_own(line):
+    picked = json.loads(run_oracle(line, "version").stdout)["defaultKubernetesVersion"]
+    assert (DEFAULT_KUBERNETES_VERSIONS[line], picked) == KEPT_DEFAULTS.get(line, (picked, picked))
