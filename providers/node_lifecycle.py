@@ -223,12 +223,15 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         except errors.TalosApiError as exc:  # a node already gone has no etcd to save; its peers keep theirs
             event(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
         peers = _peers(props)
-        node_removal.remove_node(
+        steps = node_removal.remove_node(
             _node(props), lambda node: rolling.client_for(node, talosconfig), peers,
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
             reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF,
             cluster_key=cluster_key(talosconfig), on_event=event)
-        delete_kubernetes_node(node, peers, talosconfig, _timeout(props), event)
+        if node_removal.leaves_a_cluster(steps):
+            delete_kubernetes_node(node, peers, talosconfig, _timeout(props), event)
+        else:  # its peers were removed before it: asking each for a kubeconfig would only wait them out
+            event("kubernetes-node-not-deleted (the last control plane: no cluster is left)", node.name)
 
 
 def kubernetes_api(control_planes, talosconfig, timeout: float) -> tuple[cluster_health.KubeApi, rolling.RollNode]:

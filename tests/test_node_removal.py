@@ -5,7 +5,7 @@ import time
 import grpc
 import pytest
 
-from talos_proxmox.day_two.node_removal import RemovalError, remove_node
+from talos_proxmox.day_two.node_removal import RemovalError, leaves_a_cluster, remove_node
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import GaveUp
@@ -85,6 +85,14 @@ def test_last_etcd_member_is_kept_and_reset_without_leaving(cluster, credentials
     assert _remove(nodes, credentials, "cp-1") == ["etcd-last-member-kept", "reset", "down"]
     assert not fakes["cp-1"].calls_for("EtcdLeaveCluster")
     assert fakes["cp-1"].calls_for("Reset")[0].request.graceful is False
+
+
+def test_only_the_last_etcd_member_leaves_no_cluster_behind(cluster, credentials):
+    nodes, fakes = cluster
+    assert leaves_a_cluster(_remove(nodes, credentials, "cp-2"))  # left etcd: the others remain
+    assert leaves_a_cluster(_remove(nodes, credentials, "worker-1"))
+    fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname == "cp-1"]
+    assert not leaves_a_cluster(_remove(nodes, credentials, "cp-1"))
 
 
 def test_no_way_to_remove_the_member_refuses_and_names_the_node(cluster, credentials):

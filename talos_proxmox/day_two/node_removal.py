@@ -164,6 +164,12 @@ def remove_node(node: RollNode, client_for: Callable[[RollNode], TalosClient], p
     return steps
 
 
+def leaves_a_cluster(steps: Sequence[str]) -> bool:
+    """Whether a cluster remains after a removal that took `steps`: not when the node was the last etcd
+    member (a `pulumi destroy` reaching the last control plane), so there is no Node object left to delete."""
+    return "etcd-last-member-kept" not in steps
+
+
 def _leave_etcd(node: RollNode, client: TalosClient, peers: Sequence[RollNode],
                 client_for: Callable[[RollNode], TalosClient], step: Callable[[str], None], *,
                 reach_timeout: float, **opts) -> tuple[bool, bool]:
