@@ -54,7 +54,8 @@ class ClusterAddons(pulumi.ComponentResource):
     Args:
         name: component name.
         settings: the stack's settings (`cilium`, `hubble`, `ccm`, `health`, `cluster`, `nodes`).
-        k8s_provider: a `pulumi_kubernetes.Provider` made from the cluster's admin kubeconfig.
+        k8s_provider: a `pulumi_kubernetes.Provider` made from the cluster's admin kubeconfig; None when neither
+            Cilium nor the CCM is on (nothing else needs it).
         depends_on: resources that must exist before any release (bootstrap, kubeconfig).
         kubeconfig: the admin kubeconfig (secret) for the health wait; without it the wait is skipped.
         opts: resource options of the component.
@@ -69,7 +70,7 @@ class ClusterAddons(pulumi.ComponentResource):
         self,
         name: str,
         settings: Settings,
-        k8s_provider: k8s.Provider,
+        k8s_provider: Optional[k8s.Provider],
         depends_on: Sequence[pulumi.Resource] = (),
         kubeconfig: Optional[pulumi.Input[str]] = None,
         opts: Optional[pulumi.ResourceOptions] = None,

@@ -94,7 +94,9 @@ class TalosCluster(pulumi.ComponentResource):
 
         self.talosconfig = pulumi.Output.secret(self.talosconfig_resource.talosconfig)
         self.kubeconfig = pulumi.Output.secret(self.kubeconfig_resource.kubeconfig)
-        self.k8s_provider = k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
+        # Only a Helm release needs the Kubernetes provider (and its plugin): a stack without add-ons has none.
+        self.k8s_provider = (k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
+                             if settings.cilium.enabled or settings.ccm.enabled else None)
         self.addons = ClusterAddons(
             "addons", settings, self.k8s_provider,
             depends_on=[self.bootstrap, self.kubeconfig_resource, self.nodes_installed], kubeconfig=self.kubeconfig,

@@ -123,6 +123,14 @@ def test_secrets_are_protected_and_secret_outputs_are_marked_secret(run):
     assert not {"endpoint", "nodeIps", "schematicId", "installerImage"} & run.secret_exports
 
 
+def test_no_kubernetes_provider_without_an_add_on(run):
+    assert run.of_type("pulumi:providers:kubernetes")
+    config = stack_config("test-cluster")
+    config["cilium"] = {"enabled": False}
+    config["ccm"] = {"enabled": False}
+    assert not run_program(config).of_type("pulumi:providers:kubernetes")
+
+
 def test_exports(run):
     assert run.exports["endpoint"] == "https://10.255.200.201:6443"
     assert run.exports["nodeIps"] == {n["name"]: n["ip"] for n in NODES}
