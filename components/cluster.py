@@ -46,7 +46,7 @@ class TalosCluster(pulumi.ComponentResource):
         # The cluster's identity: losing or replacing it orphans every node, hence protect.
         self.secrets = MachineSecrets(
             "secrets", talos_version=c.talos_version, secrets_file=c.secrets_file,
-            opts=pulumi.ResourceOptions(parent=self, protect=True))
+            opts=pulumi.ResourceOptions(parent=self, protect=c.deletion_protection))
 
         self.talosconfig_resource = Talosconfig(
             "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
@@ -101,6 +101,19 @@ class TalosCluster(pulumi.ComponentResource):
             "addons", settings, self.k8s_provider,
             depends_on=[self.bootstrap, self.kubeconfig_resource, self.nodes_installed], kubeconfig=self.kubeconfig,
             opts=child)
+
+        # `pulumi destroy` deletes dependents first and fails only when it reaches a protected resource: the
+        # protected secrets alone would stop it after every node was reset and every VM destroyed. This
+        # component depends on everything the cluster has, so the engine must delete it before anything
+        # else; protected, it stops a destroy before anything is touched. (A component is never part of a
+        # replacement, so it does not stand in the way of a node moving to a new VM.)
+        self.deletion_protection = pulumi.ComponentResource(
+            "talos-proxmox:index:DeletionProtection", "deletion-protection", None, pulumi.ResourceOptions(
+                parent=self, protect=c.deletion_protection,
+                depends_on=[self.image, self.secrets, self.talosconfig_resource, self.node_changes,
+                            *self.nodes.values(), self.nodes_installed, self.bootstrap, self.kubeconfig_resource,
+                            self.addons, *([self.k8s_provider] if self.k8s_provider is not None else [])]))
+        self.deletion_protection.register_outputs({})
 
         self.endpoint = c.endpoint
         self.node_ips = {node.name: node.ip for node in settings.nodes}

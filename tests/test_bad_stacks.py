@@ -134,6 +134,8 @@ BAD_STACKS = [
      'talos-proxmox:cluster.kubespan.mtuu: 1420 is not a known key (expected one of: enabled, mtu, advertiseKubernetesNetworks)'),
     ({"cluster.discovery": "on"},
      "talos-proxmox:cluster.discovery: 'on' is not true or false"),
+    ({"cluster.deletionProtection": "off"},
+     "talos-proxmox:cluster.deletionProtection: 'off' is not true or false"),
     ({"cluster.patches": {"machine": {}}},
      "talos-proxmox:cluster.patches: {'machine': {}} is not a list of patches"),
     ({"cluster.patches": ["machine: {}"]},
@@ -201,7 +203,7 @@ BAD_STACKS = [
     ({"cluster.secretsFile": 5},
      'talos-proxmox:cluster.secretsFile: 5 is not a file path'),
     ({"cluster.unknownKey": 1},
-     'talos-proxmox:cluster.unknownKey: 1 is not a known key (expected one of: name, endpoint, vip, talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, patches, rolePatches, secretsFile, systemDiskEncryption)'),
+     'talos-proxmox:cluster.unknownKey: 1 is not a known key (expected one of: name, endpoint, vip, talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection)'),
     # network
     ({"network.subnet": "10.10.0.0/33"},
      "talos-proxmox:network.subnet: '10.10.0.0/33' is not a network in CIDR form (expected e.g. 10.255.200.0/24)"),

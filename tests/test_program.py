@@ -123,6 +123,21 @@ def test_secrets_are_protected_and_secret_outputs_are_marked_secret(run):
     assert not {"endpoint", "nodeIps", "schematicId", "installerImage"} & run.secret_exports
 
 
+def test_deletion_protection_depends_on_every_resource_and_is_protected(run):
+    """`pulumi destroy` deletes dependents first: a protected resource that depends on everything is the
+    first it reaches, so it stops before anything is touched. Unprotected when the stack says so, and the
+    secrets with it."""
+    [guard] = run.of_type("talos-proxmox:index:DeletionProtection")
+    assert guard.protect is True
+    custom = {r.urn for r in run.registrations if r.custom and not r.type.startswith("pulumi:providers:")}
+    assert custom <= set(guard.dependencies)
+    config = stack_config("test-cluster")
+    config["cluster"]["deletionProtection"] = False
+    unprotected = run_program(config)
+    [guard] = unprotected.of_type("talos-proxmox:index:DeletionProtection")
+    assert guard.protect is False and dynamic(unprotected, "secrets").protect is False
+
+
 def test_no_kubernetes_provider_without_an_add_on(run):
     assert run.of_type("pulumi:providers:kubernetes")
     config = stack_config("test-cluster")

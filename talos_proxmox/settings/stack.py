@@ -108,6 +108,7 @@ class ClusterSettings:
     role_patches: Mapping[str, tuple[Any, ...]]
     secrets_file: Optional[str]
     system_disk_encryption: str = "none"  # or "tpm": STATE and EPHEMERAL sealed to the node's TPM
+    deletion_protection: bool = True  # `pulumi destroy` refused before anything is touched; secrets never replaced
 
 
 @dataclass(frozen=True)
@@ -574,7 +575,7 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
     s = r.section(raw, "cluster", (
         "name", "endpoint", "vip", "talosVersion", "kubernetesVersion", "podSubnets", "serviceSubnets",
         "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile",
-        "systemDiskEncryption"))
+        "systemDiskEncryption", "deletionProtection"))
     ks = r.section(s.get("kubespan"), "cluster.kubespan", ("enabled", "mtu", "advertiseKubernetesNetworks"))
     role_patches_raw = r.section(s.get("rolePatches"), "cluster.rolePatches", ROLES)
     return dict(
@@ -613,6 +614,8 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
         system_disk_encryption=r.value(s, "systemDiskEncryption", "cluster.systemDiskEncryption",
                                        _one_of("none", "tpm"), "is not a disk encryption (expected none or tpm)",
                                        default="none"),
+        deletion_protection=r.value(s, "deletionProtection", "cluster.deletionProtection", _bool,
+                                    "is not true or false", default=True),
     )
 
 
