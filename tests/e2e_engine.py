@@ -1,5 +1,11 @@
 """`pulumi up` in-process: the SDK's mocks with the engine's steps for dynamic resources done for real.
 
+A model of the engine, kept only for what the real one (the engine tier, tests/engine/ and
+tests/test_engine_*.py) cannot reach here yet: stacks with Cilium, the CCM and the health wait (the
+Kubernetes provider plugin at our pin is not served by the module proxy), a cluster made by the previous
+release of this program, Talos 1.14 and the data-disk refusals (tests/test_end_to_end_*.py). A scenario
+the engine tier covers is not kept here.
+
 For each `pulumi-python:dynamic:Resource` the program registers, `DeploymentMonitor` does what the
 engine and the Python dynamic-provider host (pulumi/dynamic/__main__.py) do together:
   - at most four steps run at once (HOST_WORKERS), as the host serves them from a pool of four

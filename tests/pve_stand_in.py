@@ -8,6 +8,9 @@ test can tell how many nodes were down at once. `vm_changed` does what the Proxm
 running VM whose cores, memory or CPU type change with `reboot_after_update: false`: one PUT of the
 VM's config, which PVE keeps as pending until the VM next starts. `destroy` is the provider's delete:
 a stop (the guest goes down with its VM) and the DELETE.
+
+A VM made through the API (the engine tier's Proxmox provider) runs the guest `guest_named(name)` gives
+for its name: its first start boots the ISO (maintenance mode), later ones the installed node.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from fakepve.certs import make_cert
 from fakepve.pytest_plugin import _Serving  # serves a FakePve on its own event loop thread
@@ -53,6 +56,8 @@ class ProxmoxStandIn(FakePve):
         self.power_events: list[PowerEvent] = []
         self.vm_events: list[PowerEvent] = []  # "made" (run_guest) and "destroyed" (destroy), in time order
         self._events_lock = threading.Lock()
+        self.guest_named: Optional[Callable[[str], Optional[FakeTalosNode]]] = None
+        self._never_started: set[int] = set()  # VMs made through the API, to boot from the ISO first
 
     def provider_config(self) -> dict[str, str]:
         """The stack config the Proxmox provider (and day two) read to reach this host."""
@@ -68,8 +73,11 @@ class ProxmoxStandIn(FakePve):
                   config: Optional[dict] = None) -> None:
         """A running VM whose guest is `guest`."""
         vm = self.add_vm(vm_id, name, node=host, status="running", config=config)
-        self.vm_events.append(PowerEvent(time.monotonic(), vm_id, name, "made"))
-        self.guests[vm_id] = guest
+        self._vm_event(vm, "made")
+        self._runs(vm, guest)
+
+    def _runs(self, vm, guest: Optional[FakeTalosNode]) -> None:
+        self.guests[vm.vmid] = guest
         if guest is not None:
             guest.on_power_off = lambda: self._powered_off(vm)
 
@@ -86,7 +94,27 @@ class ProxmoxStandIn(FakePve):
         if vm.status == "running":
             api.status.stop.post()
         api.delete()
-        self.vm_events.append(PowerEvent(time.monotonic(), vm_id, vm.name, "destroyed"))
+
+    async def _qm_create(self, v, user):
+        upid = await super()._qm_create(v, user)
+        vm = self.vm(int(v["vmid"]))
+        if vm is not None:
+            self._vm_event(vm, "made")
+            guest = self.guest_named(vm.name) if self.guest_named else None
+            if guest is not None:
+                self._never_started.add(vm.vmid)
+                self._runs(vm, guest)
+        return upid
+
+    async def _qm_destroy(self, v, user):
+        vm = self.find(v["node"], v["vmid"])
+        upid = await super()._qm_destroy(v, user)
+        self._vm_event(vm, "destroyed")
+        return upid
+
+    def _vm_event(self, vm, what: str) -> None:
+        with self._events_lock:
+            self.vm_events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
 
     async def _do_stop(self, vm, user, p):
         upid = await super()._do_stop(vm, user, p)
@@ -116,8 +144,13 @@ class ProxmoxStandIn(FakePve):
         return upid
 
     def _boot(self, vm, guest: FakeTalosNode) -> None:
-        guest.reboots += 1
-        guest.come_up()
+        if vm.vmid in self._never_started:
+            self._never_started.discard(vm.vmid)
+            guest.go_down()  # a node moved into this VM left its old one
+            guest.boot_from_iso()
+        else:
+            guest.reboots += 1
+            guest.come_up()
         self._power_event(vm, "up")
 
     def start_requests(self) -> list[str]:
