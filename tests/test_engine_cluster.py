@@ -31,7 +31,6 @@ import yaml
 from talos_proxmox.cluster_plan.resource_inputs import image_facts
 from talos_proxmox.settings.stack import load_settings
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
-from talos_proxmox.talos_config import secrets_bundle
 from tests.day_two import upgrade_timeline
 from tests.e2e_engine import SNAPSHOT_DIR
 from tests.engine.pulumi_cli import CliRun, PulumiProject

@@ -15,7 +15,7 @@ import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Iterator
 
 import pytest
 
@@ -156,11 +156,3 @@ def secret_texts(cluster: EngineCluster) -> list[str]:
     """Strings that must never appear in anything the CLI prints: the bundle's secrets and the API token."""
     token = cluster.pve.provider_config()["proxmoxve:apiToken"].split("=", 1)[1]
     return [*secrets_bundle.secret_strings(cluster.bundle), token]
-
-
-def new_config(project: PulumiProject, cluster: EngineCluster, nodes, talos_version: str,
-               secrets_file: Optional[Path] = None, **options) -> Mapping:
-    config = engine_stack(cluster, nodes, talos_version, secrets_file or project.workdir.parent / "secrets.yaml",
-                          **options)
-    project.set_config(config)
-    return config
