@@ -30,15 +30,8 @@ outputs it computes stay unknown) and `state` is left as `previous` was.
 After the program, `delete_unregistered()` deletes what the previous run left and this one did not
 register, as the engine does at the end of a deployment: delete(id, old outputs), each resource
 before those it depends on; skipped in a preview, which only plans them.
-Replacements: an echoed resource whose registration lists `replaceOnChanges` paths that changed is
-replaced, delete-before-replace when it asks for it, as pulumi's step generator does: first every
-resource of the last state that depends on it (transitively, not yet registered in this run) and has
-an input depending on a resource being replaced is asked `diff` with those inputs unknown; each that
-answers with replacements is deleted first, dependents before what they depend on, then the old
-resource, then the new one is made. Such a dependent is made again when it registers, checked
-without old inputs (a "recreate"). Steps: delete-replaced, create-replacement (`replace` in a
-preview, which deletes nothing). Any other replacement (create-before-delete, or a dynamic
-resource's own diff asking for one) is not emulated and fails the run.
+Replacements are not emulated (a run that needs one fails): the engine tier runs them
+(tests/test_engine_vm_replacement.py).
 Proxmox, Kubernetes and Helm resources are echoed as tests/mocked_program.py does; they are kept in
 `state` (their inputs, no outputs) so that their deletes are steps too, in dependency order (a
 removed node's VM after its lifecycle), and `on_echo(type, name, old inputs or None, new inputs or
@@ -67,7 +60,6 @@ import pulumi
 import pytest
 import yaml
 from pulumi.dynamic import Config, ConfigureRequest, ResourceProvider
-from pulumi.output import Unknown
 from pulumi.runtime import rpc
 from pulumi.runtime import settings as runtime_settings
 from pulumi.runtime._serialization import _deserialize
@@ -100,14 +92,13 @@ class ResourceState:
     secret_outputs: frozenset  # the output names the engine marks secret
     dependencies: tuple = ()  # URNs this resource depends on (explicit and through its inputs)
     dynamic: bool = True  # False: an echoed resource, kept for its delete step only
-    property_dependencies: Mapping[str, tuple] = field(default_factory=dict)  # input -> URNs its value came from
 
 
 @dataclass(frozen=True)
 class Step:
     urn: str
     name: str
-    op: str  # "create", "update", "same", "delete", "replace" (planned), "delete-replaced", "create-replacement"
+    op: str  # "create", "update", "same", "delete"
     at: float = field(default_factory=time.monotonic, compare=False)  # when it finished
 
 
@@ -158,7 +149,6 @@ class DeploymentMonitor(RecordingMonitor):
         self._in_flight = threading.Condition()
         self._steps_running = 0
         self._host_workers = threading.BoundedSemaphore(HOST_WORKERS)
-        self._recreate: set[str] = set()  # deleted (or, in a preview, planned to be) for a replacement
 
     def RegisterResource(self, request):
         self._request.current = request
@@ -189,56 +179,18 @@ class DeploymentMonitor(RecordingMonitor):
         changed = [path for path in request.replaceOnChanges
                    if old is not None and _at(old.inputs, path) != _at(inputs, path)]
         if changed:
-            if not request.deleteBeforeReplace:
-                raise EngineError(f"{urn}: {changed} changed: a create-before-delete replacement is not emulated")
-            self._replace_dependents_first(urn)
-            if not self.preview:
-                self._echo(request.type, request.name, dict(old.inputs), None)
-            self.steps.append(Step(urn, request.name, "replace" if self.preview else "delete-replaced"))
-            old = None
+            raise EngineError(f"{urn}: {changed} changed: a replacement is not emulated here "
+                              "(the engine tier runs them: tests/test_engine_vm_replacement.py)")
         if self.preview:
             return
         self._echo(request.type, request.name, dict(old.inputs) if old else None, inputs)
-        if changed:
-            self.steps.append(Step(urn, request.name, "create-replacement"))
         with self._state_lock:
             self.state[urn] = ResourceState(urn, id_, inputs, {}, frozenset(), tuple(request.dependencies),
-                                            dynamic=False, property_dependencies=_property_dependencies(request))
+                                            dynamic=False)
 
     def _echo(self, type_: str, name: str, old: Optional[dict], new: Optional[dict]) -> None:
         if self.on_echo is not None:
             self.on_echo(type_, name, old, new)
-
-    def _replace_dependents_first(self, root: str) -> None:
-        """What a delete-before-replace of `root` takes along (see the module doc): each is asked, then
-        deleted, dependents first (in a preview only planned)."""
-        registered = {r.urn for r in self.registrations}
-        doomed, condemned = {root}, []
-        for urn in dependents_in_order(self.previous, root, skip=registered):
-            old = self.previous[urn]
-            unknown = [key for key, urns in old.property_dependencies.items() if doomed & set(urns)]
-            if not old.dynamic or not unknown:
-                continue
-            asked = {**old.inputs, **{key: Unknown() for key in unknown}}
-            try:
-                diff = self._provider(old.inputs[PROVIDER_KEY]).diff(old.id, dict(old.outputs), asked)
-            except Exception as exc:  # the engine reports it against the resource being replaced
-                raise EngineError(f"{urn}: {type(exc).__name__}: {exc}") from exc
-            if diff.replaces:
-                doomed.add(urn)
-                condemned.append(urn)
-        for urn in reversed(condemned):
-            old = self.previous[urn]
-            if not self.preview:
-                try:
-                    with self._host_workers:
-                        self._provider(old.outputs[PROVIDER_KEY]).delete(old.id, dict(old.outputs))
-                except Exception as exc:
-                    raise EngineError(f"{urn}: delete failed: {type(exc).__name__}: {exc}") from exc
-                with self._state_lock:
-                    del self.state[urn]
-                self.steps.append(Step(urn, urn.rsplit("::", 1)[1], "delete-replaced"))
-            self._recreate.add(urn)
 
     def step(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
         with self._in_flight:
@@ -264,18 +216,17 @@ class DeploymentMonitor(RecordingMonitor):
         secret |= set(request.additionalSecretOutputs)
         news = {key: rpc.unwrap_rpc_secret(value) for key, value in args.inputs.items()}
         provider = self._provider(news[PROVIDER_KEY])
-        old = None if urn in self._recreate else self.previous.get(urn)
+        old = self.previous.get(urn)
         try:
             checked = provider.check(dict(old.inputs) if old else {}, dict(news))
             if checked.failures:
                 raise EngineError(f"{urn}: check failed: "
                                   + "; ".join(f"{f.property}: {f.reason}" for f in checked.failures))
             inputs = {**checked.inputs, PROVIDER_KEY: news[PROVIDER_KEY]}
-            made = "create" if urn not in self._recreate else "replace" if self.preview else "create-replacement"
             if old is None and self.preview:
-                op, id_, outputs = made, "", dict(inputs)
+                op, id_, outputs = "create", "", dict(inputs)
             elif old is None:
-                op, created = made, provider.create(dict(inputs))
+                op, created = "create", provider.create(dict(inputs))
                 id_, outputs = created.id, created.outs or {}
             else:
                 diff = provider.diff(old.id, dict(old.outputs), dict(inputs))
@@ -297,8 +248,7 @@ class DeploymentMonitor(RecordingMonitor):
         with self._state_lock:
             if not self.preview:
                 self.state[urn] = ResourceState(urn, id_, stored(inputs), stored(outputs),
-                                                frozenset(secret & set(outputs)), tuple(request.dependencies),
-                                                property_dependencies=_property_dependencies(request))
+                                                frozenset(secret & set(outputs)), tuple(request.dependencies))
             self.steps.append(Step(urn, request.name, op))
         return id_, {key: rpc.wrap_rpc_secret(value) if key in secret else value for key, value in outputs.items()}
 
@@ -320,10 +270,6 @@ class DeploymentMonitor(RecordingMonitor):
             self.steps.append(Step(urn, urn.rsplit("::", 1)[1], "delete"))
 
 
-def _property_dependencies(request) -> dict[str, tuple]:
-    return {key: tuple(deps.urns) for key, deps in request.propertyDependencies.items()}
-
-
 def _at(properties: Mapping[str, Any], path: str) -> Any:
     """The value at a replaceOnChanges path such as `networkDevices[0].macAddress` (None if absent)."""
     value: Any = properties
@@ -335,33 +281,6 @@ def _at(properties: Mapping[str, Any], path: str) -> Any:
         else:
             return None
     return value
-
-
-def dependents_in_order(state: Mapping[str, ResourceState], root: str, skip: set[str]) -> list[str]:
-    """Every resource of `state` that depends on `root`, directly or not, minus `skip`, each after what it
-    depends on (the order pulumi's DependingOn walks)."""
-    dependents = {root}
-    changed = True
-    while changed:
-        changed = False
-        for urn, resource in state.items():
-            if urn not in dependents and dependents & set(resource.dependencies):
-                dependents.add(urn)
-                changed = True
-    order: list[str] = []
-
-    def visit(urn: str) -> None:
-        if urn in order:
-            return
-        for dependency in state[urn].dependencies:
-            if dependency in dependents and dependency in state:
-                visit(dependency)
-        order.append(urn)
-
-    for urn in state:
-        if urn in dependents:
-            visit(urn)
-    return [urn for urn in order if urn != root and urn not in skip]
 
 
 def deletion_order(state: Mapping[str, ResourceState], urns: list[str]) -> list[str]:
