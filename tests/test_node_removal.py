@@ -1,11 +1,14 @@
 """Removing a node: etcd leave (or remove via another control plane), then reset, against stand-in nodes."""
 
+import threading
 import time
 
 import grpc
 import pytest
 
-from talos_proxmox.day_two.node_removal import RemovalError, leaves_a_cluster, remove_node
+from talos_proxmox.day_two.node_removal import RemovalError, answering_first, leaves_a_cluster, remove_node
+from talos_proxmox.day_two.rolling import RollNode
+from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import GaveUp
@@ -274,3 +277,63 @@ def test_a_peer_that_is_already_gone_is_not_waited_on_first(cluster, credentials
     assert steps == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
     # 5 s of trying cp-2 itself, and not 5 more of trying cp-3 for its member list first
     assert time.monotonic() - started < 8
+
+
+# (the node removed, which node's call hangs, the call, a call made to fail first, the steps): each call is
+# given the time left of the reach timeout (0.5 s), not the client's own 2 s, so one that answers only
+# after 1.2 s is given up on, and the removal takes its other way.
+HUNG_CALLS = [
+    ("cp-2", "cp-2", "EtcdMemberList", None, ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]),
+    ("cp-2", "cp-2", "EtcdLeaveCluster", None, ["etcd-remove-member via cp-1", "reset", "down"]),
+    ("cp-2", "cp-1", "EtcdRemoveMemberByID", "EtcdLeaveCluster", ["etcd-remove-member via cp-3", "reset", "down"]),
+    ("cp-2", "cp-1", "Version", "EtcdLeaveCluster", ["etcd-remove-member via cp-3", "reset", "down"]),
+]
+
+
+@pytest.mark.parametrize("removed, hung, rpc, failing, steps", HUNG_CALLS, ids=[c[2] for c in HUNG_CALLS])
+def test_each_call_is_bounded_by_the_time_left_not_the_clients_own(cluster, credentials, removed, hung, rpc,
+                                                                    failing, steps):
+    nodes, fakes = cluster
+    fakes[hung].delays[rpc] = 1.2
+    if failing:
+        fakes[removed].fail_next(failing, grpc.StatusCode.FAILED_PRECONDITION, "etcd is not running")
+    assert _remove(nodes, credentials, removed, reach_timeout=0.5) == steps
+
+
+def test_a_reset_that_answers_only_after_the_reach_timeout_is_given_up_on(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].delays["Reset"] = 1.2
+    with pytest.raises(GaveUp, match=r"^reset worker-1: gave up after 0.5s"):
+        _remove(nodes, credentials, "worker-1", reach_timeout=0.5)
+
+
+def test_the_wait_for_a_reset_node_to_go_down_uses_the_given_clock_and_sleep(cluster, credentials):
+    nodes, fakes = cluster
+    fakes["worker-1"].behaviours["Reset"] = lambda _node, _request, _context: machine_pb2.ResetResponse()
+    clock = FakeClock()
+    steps = _remove(nodes, credentials, "worker-1", timeout=1.0, sleep=clock.sleep, clock=clock)
+    assert steps == ["reset", "still-answering-after-reset"]
+    assert clock.slept_as(FAST, within=1.0)
+
+
+def test_every_peer_is_probed_at_once(credentials):
+    """answering_first asks all peers together: with more peers than a default thread pool's workers, a
+    probe that waits for every other one to be under way still answers."""
+    peers = [RollNode(f"cp-{i}", f"10.5.1.{i}", "controlplane") for i in range(1, 41)]
+    together = threading.Barrier(len(peers), timeout=5)
+
+    class Probe:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def version(self, timeout):
+            try:
+                together.wait()
+            except threading.BrokenBarrierError:
+                raise errors.TalosUnavailable("stand-in", "Version", "not probed with the others") from None
+
+    assert answering_first(peers, lambda _peer: Probe(), probe_timeout=5) == peers
+    assert not together.broken
