@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -191,6 +190,3 @@ class PulumiProject:
     def export(self) -> dict:
         """The stack's state as `pulumi stack export` prints it (secrets encrypted)."""
         return json.loads(self.cli("stack", "export", "--stack", self.stack).stdout)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.workdir, ignore_errors=True)
