@@ -54,7 +54,7 @@ class ProxmoxStandIn(FakePve):
         self.cafile: Optional[str] = None  # the certificate it serves, set by serve_proxmox
         self.guests: dict[int, FakeTalosNode] = {}
         self.power_events: list[PowerEvent] = []
-        self.vm_events: list[PowerEvent] = []  # "made" (run_guest) and "destroyed" (destroy), in time order
+        self.vm_events: list[PowerEvent] = []  # "made" and "destroyed", in time order
         self._events_lock = threading.Lock()
         self.guest_named: Optional[Callable[[str], Optional[FakeTalosNode]]] = None
         self._never_started: set[int] = set()  # VMs made through the API, to boot from the ISO first
@@ -112,10 +112,6 @@ class ProxmoxStandIn(FakePve):
         self._vm_event(vm, "destroyed")
         return upid
 
-    def _vm_event(self, vm, what: str) -> None:
-        with self._events_lock:
-            self.vm_events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
-
     async def _do_stop(self, vm, user, p):
         upid = await super()._do_stop(vm, user, p)
         guest = self.guests.pop(vm.vmid, None)
@@ -126,8 +122,14 @@ class ProxmoxStandIn(FakePve):
         return upid
 
     def _power_event(self, vm, what: str) -> None:
+        self._append_event(self.power_events, vm, what)
+
+    def _vm_event(self, vm, what: str) -> None:
+        self._append_event(self.vm_events, vm, what)
+
+    def _append_event(self, events: list[PowerEvent], vm, what: str) -> None:
         with self._events_lock:
-            self.power_events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
+            events.append(PowerEvent(time.monotonic(), vm.vmid, vm.name, what))
 
     def _powered_off(self, vm) -> None:
         vm.status = vm.qmpstatus = "stopped"

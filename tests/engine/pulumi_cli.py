@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -44,7 +43,6 @@ class CliRun:
     stderr: str
     events: list[dict] = field(default_factory=list)  # `up`/`destroy --json`: the engine's events
     plan: dict = field(default_factory=dict)  # `preview --json`: steps, diagnostics, changeSummary
-    seconds: float = 0.0
 
     @property
     def output(self) -> str:
@@ -147,10 +145,9 @@ class PulumiProject:
 
     def cli(self, *args: str, check: bool = True, timeout: float = 600, stdin: Optional[str] = None) -> CliRun:
         command = [str(TOOLS / "pulumi"), *args, "--non-interactive", "--cwd", str(self.project)]
-        started = time.monotonic()
         done = subprocess.run(command, env=self.env(), capture_output=True, text=True, timeout=timeout,
                               input=stdin)
-        run = CliRun(args, done.returncode, done.stdout, done.stderr, seconds=time.monotonic() - started)
+        run = CliRun(args, done.returncode, done.stdout, done.stderr)
         if "--json" in args and done.stdout.lstrip().startswith("{"):
             try:
                 run.plan = json.loads(done.stdout)

@@ -85,10 +85,6 @@ class EngineCluster(StandInCluster):
     def _trustd(self) -> tuple[bytes, bytes]:
         return secrets_bundle.ca_pair(self.bundle, "os")
 
-    def counts(self) -> dict[str, int]:
-        return {"factory": len(self.factory.requests), "pve": len(self.pve.requests),
-                **{name: len(fake.calls) for name, fake in self.nodes.items()}}
-
     def deploy(self, project: PulumiProject, config: dict, render_dir: Path, *, fails: bool = False) -> EngineUp:
         """Write `config` into the stack file, `pulumi preview`, then `pulumi up` (which must fail if
         `fails`, else succeed)."""
