@@ -195,6 +195,33 @@ def _install_with_lifecycle_api(client: TalosClient, node: RollNode, image: str,
     event("installed", node.name)
 
 
+def _request_upgrade(client: TalosClient, node: RollNode, image: str, *, remaining: Callable[[], float],
+                     deadline_passed: Callable[[], bool], backoff: Backoff, event: Event, sleep,
+                     clock) -> Optional[errors.TalosApiError]:
+    """MachineService.Upgrade, asked again only while nothing answers (the request never reached the
+    node). A call that ran out of time may have been delivered, and the node may be draining and
+    installing already: asking again would upgrade it twice, so the reboot wait after this decides.
+    Returns that timeout, or None once the node acknowledged the request."""
+
+    def not_delivered(error: BaseException) -> bool:
+        return errors.transient_while_rebooting(error) and not isinstance(error, errors.TalosDeadlineExceeded)
+
+    try:
+        call_with_retry(lambda left: client.upgrade(image, timeout=min(CALL_TIMEOUT, left)),
+                        timeout=remaining(), what=f"upgrade {node.name}", backoff=backoff, retry_if=not_delivered,
+                        sleep=sleep, clock=clock)
+    except errors.TalosDeadlineExceeded as exc:
+        if deadline_passed():
+            raise RollError(node, f"upgrade to {image} got no answer before the roll's deadline ({exc}); the node "
+                                  f"may still reboot into it") from None
+        event("upgrade-request-unanswered", node.name)
+        return exc
+    except (GaveUp, errors.TalosApiError) as exc:
+        raise RollError(node, f"upgrade to {image} was refused: {exc}") from None
+    event("upgrade-requested", node.name)
+    return None
+
+
 def _reboot(client: TalosClient, node: RollNode, event: Event) -> None:
     """One Reboot, never repeated: a reply lost to a node already going down is no reason to reboot it
     twice; whether it went down is what the wait after this sees."""
@@ -241,15 +268,17 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
     if before_upgrade is not None:
         before_upgrade()  # e.g. the etcd snapshot, once it is certain the node is going down
     if not uses_lifecycle_api(tag_before):
+        unanswered = _request_upgrade(client, node, image, remaining=remaining,
+                                      deadline_passed=lambda: clock() >= deadline, backoff=backoff, event=event,
+                                      sleep=sleep, clock=clock)
         try:
-            call_with_retry(lambda left: client.upgrade(image, timeout=min(CALL_TIMEOUT, left)),
-                            timeout=remaining(), what=f"upgrade {node.name}", backoff=backoff,
-                            retry_if=errors.transient_while_rebooting, sleep=sleep, clock=clock)
-        except (GaveUp, errors.TalosApiError) as exc:
-            raise RollError(node, f"upgrade to {image} was refused: {exc}") from None
-        event("upgrade-requested", node.name)
-        _back_healthy(client, node, tag_before, talos_version, remaining=remaining, backoff=backoff, event=event,
-                      sleep=sleep, clock=clock)
+            _back_healthy(client, node, tag_before, talos_version, remaining=remaining, backoff=backoff,
+                          event=event, sleep=sleep, clock=clock)
+        except RollError as exc:
+            if unanswered is None:
+                raise
+            raise RollError(node, f"the upgrade request to {image} got no answer ({unanswered}); then it "
+                                  f"{exc.what}") from None
         return
     api = kube() if kube is not None else None  # before installing: a node that cannot be drained is left as it is
     _install_with_lifecycle_api(client, node, image, remaining=remaining, backoff=backoff, event=event, sleep=sleep,
