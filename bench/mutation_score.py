@@ -4,10 +4,14 @@ each mutant, and a mutant counts as killed when a test fails. Run through `scrip
     scripts/mutation.sh                  # every module below, then the table
     scripts/mutation.sh rolling removal  # just these
     scripts/mutation.sh --report         # the table from the last runs, running nothing
+    scripts/mutation.sh --survivors render  # retest only the last run's survivors (after new tests)
+    scripts/mutation.sh --report --diffs settings  # each survivor's changed lines (`mutmut show` is slow)
 
 mutmut tests each mutant in a process forked from its own, which has run the tests once: gRPC does
-not survive a fork (the child hangs, or exits 64 with fork support on), so here each forked child
-runs the mutant's tests in a fresh `python -m pytest` instead (`_fresh_test_processes`).
+not survive a fork (the child hangs, or exits 64 with fork support on), so for the modules whose tests
+start gRPC channels or servers each forked child runs the mutant's tests in a fresh `python -m pytest`
+instead (`_fresh_test_processes`). The others (IN_FORK) keep mutmut's own forked runner, which spends
+milliseconds per mutant where a fresh pytest spends seconds importing.
 
 Each module runs in its own work directory, `.mutation/<module>/` (git-ignored), so runs of different
 modules never share mutmut's state, and a rerun after a change retests only what changed. The score
@@ -54,6 +58,8 @@ MODULES = {
     "drain": (["talos_proxmox/day_two/node_drain.py"], ["tests/test_node_drain.py", "tests/test_rolling_upgrade.py"]),
     "changes": (["talos_proxmox/day_two/node_changes.py"], ["tests/test_node_changes.py"]),
 }
+# Modules whose tests start no gRPC channel or server (Pulumi's mocks run in process), safe to fork.
+IN_FORK = {"settings", "render", "redaction", "changes"}
 STARTUP_SECONDS = 30  # a fresh pytest's imports and collection, on a loaded 2-core machine
 TIMED_OUT = 36  # mutmut's exit code for a timeout
 KILLED = {1, 3, -24, 24, 36, 152, 255}  # a failing test, an internal pytest error, or a timeout (mutmut's codes)
@@ -97,13 +103,18 @@ def prepare(module: str) -> Path:
     return work
 
 
-def run(module: str, children: int) -> None:
+def run(module: str, children: int, only: list[str] | None = None) -> None:
+    """mutmut over the module; `only` names the mutants to retest (mutmut then reruns just those)."""
     work = prepare(module)
     started = time.monotonic()
-    print(f"mutation: {module}: mutating {', '.join(MODULES[module][0])}", flush=True)
+    print(f"mutation: {module}: mutating {', '.join(MODULES[module][0])}"
+          + (f", retesting {len(only)} survivors" if only is not None else ""), flush=True)
+    if only == []:
+        return
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    subprocess.run([sys.executable, str(Path(__file__).resolve()), "--as-mutmut", "run", "--max-children",
-                    str(children)], cwd=work, env=env, check=False)
+    runner = "--as-mutmut-in-fork" if module in IN_FORK else "--as-mutmut"
+    subprocess.run([sys.executable, str(Path(__file__).resolve()), runner, "run", "--max-children",
+                    str(children), *(only or [])], cwd=work, env=env, check=False)
     print(f"mutation: {module}: done in {time.monotonic() - started:.0f}s", flush=True)
 
 
@@ -152,6 +163,25 @@ def _fresh_test_processes() -> None:
     mutmut_main.cli()
 
 
+def _forked_test_runs() -> None:
+    """mutmut's command line with its own forked runner, each child on a new asyncio event loop: the
+    loop inherited from the parent (which ran Pulumi's mocked programs) waits on executor threads
+    that do not exist after a fork."""
+    import asyncio
+
+    from mutmut import __main__ as mutmut_main
+
+    run_in_fork = mutmut_main.PytestRunner.run_tests
+
+    def run_tests(self, *, mutant_name, tests):
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        return run_in_fork(self, mutant_name=mutant_name, tests=tests)
+
+    mutmut_main.PytestRunner.run_tests = run_tests
+    sys.argv = ["mutmut", *sys.argv[2:]]
+    mutmut_main.cli()
+
+
 def results(module: str) -> dict[str, int | None]:
     """mutant name -> mutmut's exit code (None: not run) from the module's last run."""
     exit_codes: dict[str, int | None] = {}
@@ -173,7 +203,33 @@ def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, int, 
     return len(exit_codes), len(checked), len(same), len(counted) - len(survivors), survivors
 
 
-def report(modules: list[str]) -> bool:
+def survivor_diffs(module: str, names: list[str]) -> dict[str, list[str]]:
+    """mutant name -> its changed lines against the original function, read from mutmut's mutated files
+    (each holds the original function and every mutant of it, named `x_<function>__mutmut_<n>`)."""
+    import ast
+    import difflib
+
+    functions: dict[str, str] = {}
+    for path in MODULES[module][0]:
+        mutated = WORK / module / "mutants" / path
+        source = mutated.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    diffs = {}
+    for name in names:
+        mutant = name.rsplit(".", 1)[1]
+        function = mutant.rsplit("__mutmut_", 1)[0]
+        original = functions.get(f"{function}__mutmut_orig", "").replace(f"{function}__mutmut_orig", function)
+        changed = functions.get(mutant, "").replace(mutant, function)
+        diffs[name] = [line.strip() for line in difflib.unified_diff(original.splitlines(), changed.splitlines(),
+                                                                      lineterm="", n=0)
+                       if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return diffs
+
+
+def report(modules: list[str], diffs: bool = False) -> bool:
     equivalent = equivalent_mutants()
     print(f"{'module':<12}{'mutants':>9}{'checked':>9}{'equivalent':>12}{'killed':>8}{'score':>8}")
     ok = True
@@ -186,8 +242,11 @@ def report(modules: list[str]) -> bool:
         ratio = killed / (checked - same)
         ok = ok and ratio >= TARGET and checked == total
         print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}")
+        changed = survivor_diffs(module, survivors) if diffs else {}
         for name in survivors:
             print(f"    survived: {name}")
+            for line in changed.get(name, []):
+                print(f"        {line}")
     return ok
 
 
@@ -195,9 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     if sys.argv[1:2] == ["--as-mutmut"]:
         _fresh_test_processes()
         return 0
+    if sys.argv[1:2] == ["--as-mutmut-in-fork"]:
+        _forked_test_runs()
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", metavar="module", help=f"of {', '.join(MODULES)} (default: all)")
     parser.add_argument("--report", action="store_true", help="print the scores of the last runs only")
+    parser.add_argument("--diffs", action="store_true", help="with each survivor, the lines its mutation changed")
+    parser.add_argument("--survivors", action="store_true", help="retest only the last run's survivors")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     unknown = [module for module in args.modules if module not in MODULES]
@@ -205,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no module {', '.join(unknown)}; expected one of {', '.join(MODULES)}")
     modules = args.modules or list(MODULES)
     if not args.report:
+        equivalent = equivalent_mutants()
         for module in modules:
-            run(module, args.children)
-    return 0 if report(modules) else 1
+            run(module, args.children, score(module, equivalent)[4] if args.survivors else None)
+    return 0 if report(modules, args.diffs) else 1
 
 
 if __name__ == "__main__":
