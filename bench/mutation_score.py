@@ -38,18 +38,20 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
 EQUIVALENT = ROOT / "tests" / "data" / "equivalent_mutants.txt"
 TARGET = 0.90
-# What the tests import besides the mutated files (mutmut copies these into its `mutants/` tree).
-PROJECT_PATHS = ["talos_proxmox", "providers", "components", "schematics", "stacks", "tests", "__main__.py",
+# What the tests import or run besides the mutated files (mutmut copies these into its `mutants/` tree).
+PROJECT_PATHS = ["talos_proxmox", "providers", "components", "schematics", "stacks", "tests", ".tools", "__main__.py",
                  "Pulumi.yaml", "pytest.ini"]
 
 # module -> (files mutated, the tests that are that module's own)
 MODULES = {
     "settings": (["talos_proxmox/settings/stack.py", "talos_proxmox/settings/stack_config.py",
                   "talos_proxmox/settings/credentials.py"],
-                 ["tests/test_settings.py", "tests/test_credentials.py", "tests/test_bad_stacks.py"]),
+                 ["tests/test_settings.py", "tests/test_credentials.py", "tests/test_bad_stacks.py",
+                  "tests/test_render_command.py"]),
     "render": (["talos_proxmox/talos_config/machine_config.py", "talos_proxmox/talos_config/merge.py"],
-               ["tests/test_machine_config.py", "tests/test_node_patches.py", "tests/test_addons_machine_config.py",
-                "tests/test_talos_json_schema.py", "tests/test_first_boot_variants.py"]),
+               ["tests/test_machine_config.py", "tests/test_gen_config_fixtures.py", "tests/test_node_patches.py",
+                "tests/test_addons_machine_config.py", "tests/test_addons_values.py", "tests/test_talos_json_schema.py",
+                "tests/test_talos_oracle.py", "tests/test_render_command.py", "tests/test_first_boot_variants.py"]),
     "redaction": (["talos_proxmox/talos_config/redaction.py"], ["tests/test_config_redaction.py"]),
     "operations": (["talos_proxmox/talos_api/operations.py"], ["tests/test_talos_api_resources.py"]),
     "rolling": (["talos_proxmox/day_two/rolling.py"],
