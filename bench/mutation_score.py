@@ -4,7 +4,7 @@ each mutant, and a mutant counts as killed when a test fails. Run through `scrip
     scripts/mutation.sh                  # every module below, then the table
     scripts/mutation.sh rolling removal  # just these
     scripts/mutation.sh --report         # the table from the last runs, running nothing
-    scripts/mutation.sh --survivors render  # retest only the last run's survivors (after new tests)
+    scripts/mutation.sh --survivors render  # retest only the last survivors and timeouts (after new tests)
     scripts/mutation.sh --report --diffs settings  # each survivor's changed lines (`mutmut show` is slow)
 
 mutmut tests each mutant in a process forked from its own, which has run the tests once: gRPC does
@@ -64,7 +64,8 @@ MODULES = {
 IN_FORK = {"settings", "render", "redaction", "changes"}
 STARTUP_SECONDS = 30  # a fresh pytest's imports and collection, on a loaded 2-core machine
 TIMED_OUT = 36  # mutmut's exit code for a timeout
-KILLED = {1, 3, -24, 24, 36, 152, 255}  # a failing test, an internal pytest error, or a timeout (mutmut's codes)
+TIMEOUTS = {-24, 24, 36, 152}  # mutmut's codes for a mutant stopped at its time limit (SIGXCPU)
+KILLED = {1, 3, 255} | TIMEOUTS  # a failing test, an internal pytest error, or a timeout
 SURVIVED = 0
 
 
@@ -110,7 +111,7 @@ def run(module: str, children: int, only: list[str] | None = None) -> None:
     work = prepare(module)
     started = time.monotonic()
     print(f"mutation: {module}: mutating {', '.join(MODULES[module][0])}"
-          + (f", retesting {len(only)} survivors" if only is not None else ""), flush=True)
+          + (f", retesting {len(only)} survivors and timeouts" if only is not None else ""), flush=True)
     if only == []:
         return
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -231,9 +232,17 @@ def survivor_diffs(module: str, names: list[str]) -> dict[str, list[str]]:
     return diffs
 
 
+def to_retest(module: str, equivalent: dict[str, str]) -> list[str]:
+    """The last run's survivors, and its timeouts: on a loaded machine a mutant's tests can pass the time
+    limit without the mutant looping, so a timeout is a kill only once a quiet rerun confirms it."""
+    timed_out = [name for name, code in results(module).items() if code in TIMEOUTS]
+    return score(module, equivalent)[4] + timed_out
+
+
 def report(modules: list[str], diffs: bool = False) -> bool:
     equivalent = equivalent_mutants()
-    print(f"{'module':<12}{'mutants':>9}{'checked':>9}{'equivalent':>12}{'killed':>8}{'score':>8}")
+    print(f"{'module':<12}{'mutants':>9}{'checked':>9}{'equivalent':>12}{'killed':>8}{'score':>8}"
+          f"{'timed out':>11}")
     ok = True
     for module in modules:
         total, checked, same, killed, survivors = score(module, equivalent)
@@ -242,8 +251,9 @@ def report(modules: list[str], diffs: bool = False) -> bool:
             ok = False
             continue
         ratio = killed / (checked - same)
+        timeouts = sum(1 for code in results(module).values() if code in TIMEOUTS)
         ok = ok and ratio >= TARGET and checked == total
-        print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}")
+        print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}{timeouts:>11}")
         changed = survivor_diffs(module, survivors) if diffs else {}
         for name in survivors:
             print(f"    survived: {name}")
@@ -263,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="*", metavar="module", help=f"of {', '.join(MODULES)} (default: all)")
     parser.add_argument("--report", action="store_true", help="print the scores of the last runs only")
     parser.add_argument("--diffs", action="store_true", help="with each survivor, the lines its mutation changed")
-    parser.add_argument("--survivors", action="store_true", help="retest only the last run's survivors")
+    parser.add_argument("--survivors", action="store_true",
+                        help="retest only the last run's survivors and timeouts")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     unknown = [module for module in args.modules if module not in MODULES]
@@ -273,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         equivalent = equivalent_mutants()
         for module in modules:
-            run(module, args.children, score(module, equivalent)[4] if args.survivors else None)
+            run(module, args.children, to_retest(module, equivalent) if args.survivors else None)
     return 0 if report(modules, args.diffs) else 1
 
 
