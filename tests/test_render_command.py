@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -14,7 +15,7 @@ import yaml
 from talos_proxmox.commands import render
 from talos_proxmox.cluster_plan import resource_inputs
 from talos_proxmox.talos_config import machine_config, pki, secrets_bundle
-from talos_proxmox.settings.stack import RENDER_OUTPUT_FILES, load_settings
+from talos_proxmox.settings.stack import RENDER_OUTPUT_FILES, load_settings, stack_file_values
 from tests.mocked_program import REPO, stack_config
 
 SEED_SCHEMATIC_ID = "e142ceb080fb243141b5b6891cfcf0c60bc9430d69be0adf803999d2b62dc885"
@@ -139,11 +140,15 @@ def test_help_explains_the_secrets_bundle():
     ("config:\n\ttalos-proxmox:cluster: {}\n", "Pulumi.bad.yaml:2:1: not valid YAML: found character '\\t' that cannot start any token"),
     ("- a\n- b\n", "Pulumi.bad.yaml: a list (expected a mapping with a 'config:' key)"),
     ("config:\n  - talos-proxmox:cluster\n", "Pulumi.bad.yaml: config: a list (expected a mapping of '<namespace>:<key>')"),
-])
+    ('config:\n  talos-proxmox:cluster: {name: "dev\x07"}\n',
+     "Pulumi.bad.yaml:2:37: not valid YAML: unacceptable character #x0007: special characters are not allowed"),
+    ("config:\n  talos-proxmox:cluster: {name: Z\u00fcrich}\n".encode("latin-1"),
+     "Pulumi.bad.yaml: not UTF-8 text (byte 0xfc at offset 41)"),
+], ids=["unclosed-flow", "tab", "list", "config-list", "control-character", "latin-1"])
 def test_a_malformed_stack_file_is_one_line_naming_file_and_line(tmp_path, capsys, text, message):
     stacks = tmp_path / "stacks"
     stacks.mkdir()
-    (stacks / "Pulumi.bad.yaml").write_text(text)
+    (stacks / "Pulumi.bad.yaml").write_bytes(text if isinstance(text, bytes) else text.encode())
     out = tmp_path / "out"
     assert render.main(["--stack", "bad", "--out", str(out), "--stacks-dir", str(stacks)]) == 1
     err = capsys.readouterr().err
@@ -230,3 +235,44 @@ def test_a_load_balancer_pool_is_written_with_the_ui_service(tmp_path, capsys):
     documents = list(yaml.safe_load_all((out / "cilium-load-balancer.yaml").read_text()))
     assert [d["kind"] for d in documents] == ["CiliumLoadBalancerIPPool", "CiliumL2AnnouncementPolicy", "Service"]
     assert documents[0]["spec"] == {"blocks": [{"cidr": "10.10.0.60/30"}]}
+
+
+@pytest.mark.parametrize("text", ["", "# a stack to fill in\n", "config:\n", "config: {}\n"],
+                         ids=["empty", "comment-only", "config-null", "config-empty"])
+def test_a_stack_file_without_config_has_no_keys(tmp_path, text):
+    path = tmp_path / "Pulumi.new.yaml"
+    path.write_text(text)
+    assert stack_file_values(str(path)) == {}
+
+
+def test_a_stack_file_is_read_as_utf_8_whatever_the_locale(tmp_path):
+    """A stack file with non-ASCII comments reads the same in a real interpreter whose locale encoding is ASCII."""
+    path = tmp_path / "Pulumi.zurich.yaml"
+    text = (REPO / "stacks" / "Pulumi.dev.yaml").read_text(encoding="utf-8")
+    path.write_text("# Zürich lab — rack 2\n" + text, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG"))}
+    env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    if env.get("MUTANT_UNDER_TEST") == "stats":  # mutmut's coverage pass records in-process only: run the original
+        env["MUTANT_UNDER_TEST"] = ""
+    script = ("import json, sys; from talos_proxmox.settings.stack import stack_file_values; "
+              "print(json.dumps(stack_file_values(sys.argv[1])))")
+    result = subprocess.run([sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == stack_file_values(str(path)) == stack_file_values(
+        str(REPO / "stacks" / "Pulumi.dev.yaml"))
+
+
+def test_a_secret_project_key_cannot_be_rendered_offline_and_is_one_line(tmp_path, capsys):
+    """Only the Pulumi CLI can decrypt a `{secure: ...}` value; every other key is still read."""
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    config = yaml.safe_load((REPO / "stacks" / "Pulumi.dev.yaml").read_text())
+    config["config"]["talos-proxmox:image"] = {"secure": "v1:Zm9vYmFy:ciphertext"}  # before nodes and ccm
+    (stacks / "Pulumi.sealed.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    out = tmp_path / "out"
+    assert render.main(["--stack", "sealed", "--out", str(out), "--stacks-dir", str(stacks)]) == 1
+    assert capsys.readouterr().err == (
+        "error: invalid stack config:\n  - talos-proxmox:image: is a secret, which only `pulumi preview`/`pulumi up` "
+        "can decrypt (expected a plain value for the offline render command)\n")
+    assert not out.exists()

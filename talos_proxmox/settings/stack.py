@@ -803,6 +803,8 @@ def address_block_range(block: str) -> tuple[Any, Any]:
     """First and last address of a CIDR (10.10.0.60/30) or a range (10.10.0.60-10.10.0.69)."""
     if "-" in block:
         start, stop = (ipaddress.ip_address(part.strip()) for part in block.split("-", 1))
+        if getattr(start, "scope_id", None) or getattr(stop, "scope_id", None):
+            raise ValueError(f"{block}: a zone id (%...) does not belong in a pool address")
         return start, stop
     net = ipaddress.ip_network(block, strict=True)
     return net.network_address, net.broadcast_address
@@ -982,7 +984,9 @@ def _check_load_balancer(r: _Reader, cluster: dict, nodes: list[NodeSettings], c
         if not any(start in net and stop in net for net in networks):
             r.fail(key, block, "is outside the nodes' subnet (L2 announcements answer ARP only there)")
             continue
-        clash = next((who for ip, who in taken.items() if start <= ipaddress.ip_address(ip) <= stop), None)
+        clash = next((who for ip, who in taken.items()
+                      if ipaddress.ip_address(ip).version == start.version and start <= ipaddress.ip_address(ip) <= stop),
+                     None)
         if clash is not None:
             r.fail(key, block, f"includes {clash} (expected addresses no node, VIP or gateway uses)")
         elif any(_is_network_or_broadcast(str(a), net) for net in networks for a in (start, stop) if a in net):
@@ -1142,7 +1146,19 @@ def stack_file_values(path: str) -> dict[str, Any]:
 
     try:
         with open(path, encoding="utf-8") as f:
-            document = yaml.safe_load(f)
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise SettingsError([f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"]) \
+            from None
+    except OSError as exc:
+        raise SettingsError([f"{path}: cannot be read ({exc.strerror or type(exc).__name__})"]) from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow; it knows only the offset
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise SettingsError([f"{path}:{line}:{column}: not valid YAML: unacceptable character "
+                             f"#x{exc.character:04x}: {exc.reason}"]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
