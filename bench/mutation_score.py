@@ -46,8 +46,8 @@ PROJECT_PATHS = ["talos_proxmox", "providers", "components", "schematics", "stac
 MODULES = {
     "settings": (["talos_proxmox/settings/stack.py", "talos_proxmox/settings/stack_config.py",
                   "talos_proxmox/settings/credentials.py"],
-                 ["tests/test_settings.py", "tests/test_credentials.py", "tests/test_bad_stacks.py",
-                  "tests/test_render_command.py"]),
+                 ["tests/test_settings.py", "tests/test_settings_values.py", "tests/test_credentials.py",
+                  "tests/test_bad_stacks.py", "tests/test_render_command.py"]),
     "render": (["talos_proxmox/talos_config/machine_config.py", "talos_proxmox/talos_config/merge.py"],
                ["tests/test_machine_config.py", "tests/test_gen_config_fixtures.py", "tests/test_node_patches.py",
                 "tests/test_addons_machine_config.py", "tests/test_addons_values.py", "tests/test_talos_json_schema.py",

@@ -24,6 +24,7 @@ from tests.mocked_program import REPO, run_program
 
 DEV = stack_file_values(str(REPO / "stacks" / "Pulumi.dev.yaml"))
 RM = lambda path: [{"op": "remove", "path": path}]  # noqa: E731 - a JSON patch removing one path
+CP, WORKER = DEV[f"{PROJECT}:nodes"]  # the dev stack's two nodes
 
 
 def broken(changes: dict) -> dict:
@@ -104,6 +105,8 @@ BAD_STACKS = [
      "talos-proxmox:cluster.podSubnets: '10.244.0.0/16' overlaps cluster.serviceSubnets 10.244.0.0/16 (expected pod, service and node networks apart)"),
     ({"cluster.podSubnets": ["10.244.0.0/16", "10.244.128.0/17"]},
      "talos-proxmox:cluster.podSubnets: '10.244.0.0/16' overlaps cluster.podSubnets 10.244.128.0/17 (expected pod, service and node networks apart)"),
+    ({"cluster.podSubnets": ["10.10.0.0/25", "10.10.0.128/25"]},  # one line for the pair of keys
+     "talos-proxmox:cluster.podSubnets: '10.10.0.0/25' overlaps network.subnet 10.10.0.0/24 (expected pod, service and node networks apart)"),
     ({"cluster.podSubnets": []},
      'talos-proxmox:cluster.podSubnets: [] is not a non-empty list of CIDRs'),
     ({"cluster.podSubnets": "10.244.0.0/16"},
@@ -122,6 +125,8 @@ BAD_STACKS = [
      "talos-proxmox:cluster.installDisk: 'sda' is not a device path (expected /dev/...)"),
     ({"cluster.installDisk": "/dev/"},
      "talos-proxmox:cluster.installDisk: '/dev/' is not a device path (expected /dev/...)"),
+    ({"cluster.installDisk": "nvme0n1"},
+     "talos-proxmox:cluster.installDisk: 'nvme0n1' is not a device path (expected /dev/...)"),
     ({"cluster.kubespan": "yes"},
      "talos-proxmox:cluster.kubespan: 'yes' is not a mapping"),
     ({"cluster.kubespan.enabled": "true"},
@@ -132,6 +137,8 @@ BAD_STACKS = [
      'talos-proxmox:cluster.kubespan.mtu: 1200 is below 1280, the least WireGuard over IPv6 carries'),
     ({"cluster.kubespan.mtuu": 1420},
      'talos-proxmox:cluster.kubespan.mtuu: 1420 is not a known key (expected one of: enabled, mtu, advertiseKubernetesNetworks)'),
+    ({"cluster.kubespan.advertiseKubernetesNetworks": "yes"},
+     "talos-proxmox:cluster.kubespan.advertiseKubernetesNetworks: 'yes' is not true or false"),
     ({"cluster.discovery": "on"},
      "talos-proxmox:cluster.discovery: 'on' is not true or false"),
     ({"cluster.deletionProtection": "off"},
@@ -142,6 +149,9 @@ BAD_STACKS = [
      "talos-proxmox:cluster.patches[0]: 'machine: {}' is neither a mapping (strategic merge patch) nor a list of JSON patch operations with 'op' and 'path'"),
     ({"cluster.patches": [[{"op": "frobnicate", "path": "/machine"}]]},
      "talos-proxmox:cluster.patches[0]: [{'op': 'frobnicate', 'path': '/machine'}] is neither a mapping (strategic merge patch) nor a list of JSON patch operations with 'op' and 'path'"),
+    ({"cluster.patches": [[{"op": "add", "path": "/machine/env", "value": {"HTTP_PROXY": "http://proxy.lab:3128"}}],
+                          "machine: {}"]},
+     "talos-proxmox:cluster.patches[1]: 'machine: {}' is neither a mapping (strategic merge patch) nor a list of JSON patch operations with 'op' and 'path'"),
     ({"cluster.patches": [RM("/machine/nothere")]},
      'talos-proxmox:cluster.patches[0]: nodes dev-cp-1, dev-worker-1: operation 1 (remove /machine/nothere) cannot be applied to the v1alpha1 document (JsonPatchConflict)'),
     ({"cluster.patches": [[{"op": "replace", "path": "/cluster/nothere", "value": 1}]]},
@@ -188,6 +198,8 @@ BAD_STACKS = [
      'talos-proxmox:cluster.rolePatches.master: [] is not a known key (expected one of: controlplane, worker)'),
     ({"cluster.rolePatches": "x"},
      "talos-proxmox:cluster.rolePatches: 'x' is not a mapping"),
+    ({"cluster.rolePatches.worker": "machine: {}"},
+     "talos-proxmox:cluster.rolePatches.worker: 'machine: {}' is not a list of patches"),
     ({"cluster.rolePatches.worker": [RM("/machine/nope")]},
      'talos-proxmox:cluster.rolePatches.worker[0]: node dev-worker-1: operation 1 (remove /machine/nope) cannot be applied to the v1alpha1 document (JsonPatchConflict)'),
     ({"cluster.rolePatches.controlplane": [{"machine": {"kubelet": {"extraArgs": "x"}}}]},
@@ -289,6 +301,8 @@ BAD_STACKS = [
      "talos-proxmox:image.schematic.customization.systemExtensions.officialExtensions[0]: 'siderolabs/qemu guest agent' is not an extension name (expected owner/name, e.g. siderolabs/qemu-guest-agent)"),
     ({"image.schematic.customization.extraKernelArgs": "net.ifnames=0"},
      "talos-proxmox:image.schematic: is not a schematic the Image Factory takes: customization.extraKernelArgs: expected a list of strings, got str 'net.ifnames=0'"),
+    ({"image": "metal"},
+     "talos-proxmox:image: 'metal' is not a mapping"),
     # nodes
     ({"nodes": "dev-cp-1"},
      "talos-proxmox:nodes: 'dev-cp-1' is not a non-empty list of nodes"),
@@ -316,8 +330,13 @@ BAD_STACKS = [
      'talos-proxmox:nodes[0].vmId: 99 is not a Proxmox VM id (expected 100-999999999)'),
     ({"nodes[1].vmId": 9001},
      'talos-proxmox:nodes[1].vmId: 9001 duplicates nodes[0].vmId (expected unique values)'),
+    ({"nodes": [CP, {k: v for k, v in WORKER.items() if k != "vmId"},  # Proxmox picks the middle one's id
+                dict(WORKER, name="dev-worker-2", vmId=9001, ip="10.10.0.53", mac="bc:24:11:00:00:53")]},
+     "talos-proxmox:nodes[2].vmId: 9001 duplicates nodes[0].vmId (expected unique values)"),
     ({"nodes[0].vmId": "9001"},
      "talos-proxmox:nodes[0].vmId: '9001' is not a Proxmox VM id (expected 100-999999999)"),
+    ({"nodes[0].vmId": 1000000000},
+     'talos-proxmox:nodes[0].vmId: 1000000000 is not a Proxmox VM id (expected 100-999999999)'),
     ({"nodes[0].cpu": 0},
      'talos-proxmox:nodes[0].cpu: 0 is not a number of vCPUs (expected an integer in 1-512)'),
     ({"nodes[0].cpu": 1024},
@@ -352,6 +371,10 @@ BAD_STACKS = [
      "talos-proxmox:nodes[1].dataDisk.mountpoint: 'var/lib/longhorn' is not a normalised absolute path (expected e.g. /var/lib/longhorn)"),
     ({"nodes[1].dataDisk": {"size": 30, "mountpoint": "/var/lib/../etc"}},
      "talos-proxmox:nodes[1].dataDisk.mountpoint: '/var/lib/../etc' is not a normalised absolute path (expected e.g. /var/lib/longhorn)"),
+    ({"nodes[1].dataDisk": {"size": 30, "mountpoint": "//var/lib/longhorn"}},
+     "talos-proxmox:nodes[1].dataDisk.mountpoint: '//var/lib/longhorn' is not a normalised absolute path (expected e.g. /var/lib/longhorn)"),
+    ({"cluster.talosVersion": "v1.14.1", "nodes[1].dataDisk": {"size": 30, "mountpoint": "/var/lib/longhorn"}},
+     "talos-proxmox:nodes[1].dataDisk.mountpoint: '/var/lib/longhorn' is not where Talos 1.14 mounts a user volume (expected /var/mnt/<name>, the name up to 34 letters, digits or '-', e.g. /var/mnt/longhorn)"),
     ({"nodes[1].dataDisk": {"size": 30, "device": "sdb"}},
      "talos-proxmox:nodes[1].dataDisk.device: 'sdb' is not a device path (expected /dev/...)"),
     ({"nodes[0].ip": "10.10.0.1"},
@@ -366,6 +389,8 @@ BAD_STACKS = [
      "talos-proxmox:nodes[0].ip: '10.10.0.300' is not an IP address or address/prefix (expected e.g. 10.255.200.201)"),
     ({"nodes[0].ip": 10},
      'talos-proxmox:nodes[0].ip: 10 is not an IP address or address/prefix (expected e.g. 10.255.200.201)'),
+    ({"cluster.vip": None, "nodes[0].ip": "10.10.0.300"},  # no address for the endpoint either: not a second line
+     "talos-proxmox:nodes[0].ip: '10.10.0.300' is not an IP address or address/prefix (expected e.g. 10.255.200.201)"),
     ({"nodes[0].ip": None},
      'talos-proxmox:nodes[0].ip: is required: an IP address or address/prefix (expected e.g. 10.255.200.201)'),
     ({"nodes[1].ip": "10.10.0.51"},
@@ -380,6 +405,8 @@ BAD_STACKS = [
      "talos-proxmox:nodes[1].gateway: '10.20.0.1' is outside the node's subnet 10.10.0.0/24"),
     ({"nodes[1].gateway": "10.10.0.52"},
      "talos-proxmox:nodes[1].ip: '10.10.0.52' is the gateway 10.10.0.52 (expected an address of the node's own)"),
+    ({"nodes[1].gateway": "gw"},
+     "talos-proxmox:nodes[1].gateway: 'gw' is not an IP address"),
     ({"nodes[0].mac": "01:00:5e:00:00:01"},
      "talos-proxmox:nodes[0].mac: '01:00:5e:00:00:01' is not a MAC address (expected e.g. bc:24:11:80:a1:9b)"),
     ({"nodes[0].mac": "ff:ff:ff:ff:ff:ff"},
@@ -429,6 +456,16 @@ BAD_STACKS = [
      "talos-proxmox:hubble.uiServiceType: 'Ingress' is not a Service type (expected ClusterIP, NodePort or LoadBalancer)"),
     ({"hubble.enabled": "no"},
      "talos-proxmox:hubble.enabled: 'no' is not true or false"),
+    ({"hubble.relay": "yes"},
+     "talos-proxmox:hubble.relay: 'yes' is not true or false"),
+    ({"hubble.ui": "yes"},
+     "talos-proxmox:hubble.ui: 'yes' is not true or false"),
+    ({"hubble": "on"},
+     "talos-proxmox:hubble: 'on' is not a mapping"),
+    ({"ccm.enabled": "yes"},
+     "talos-proxmox:ccm.enabled: 'yes' is not true or false"),
+    ({"ccm.values": "logVerbosityLevel: 4"},
+     "talos-proxmox:ccm.values: 'logVerbosityLevel: 4' is not a mapping of Helm values"),
     ({"ccm.enabled": True, "ccm.controllers": ["route"]},
      "talos-proxmox:ccm.controllers: ['route'] is not a list of CCM controllers (expected some of: cloud-node, cloud-node-lifecycle, node-csr-approval, node-ipam-controller)"),
     ({"ccm.controllers": []},
@@ -449,8 +486,23 @@ BAD_STACKS = [
      'talos-proxmox:ccm.nodeIpam.maskSizeIpv4: 24 leaves room for 1 node range(s) in 10.244.0.0/24, fewer than the 2 nodes'),
     ({"ccm.enabled": True, "ccm.nodeIpam": {"maskSizeIpv4": 30}, "cluster.podSubnets": ["172.16.0.0/12"]},
      'talos-proxmox:ccm.nodeIpam.maskSizeIpv4: 30 does not fit pod subnet 172.16.0.0/12 (expected 12-28)'),
+    ({"ccm.enabled": True, "ccm.nodeIpam": {"maskSizeIpv4": 29}, "cluster.podSubnets": ["172.16.0.0/12"]},
+     'talos-proxmox:ccm.nodeIpam.maskSizeIpv4: 29 does not fit pod subnet 172.16.0.0/12 (expected 12-28)'),
+    ({"nodes": [CP, WORKER, dict(WORKER, name="dev-worker-2", vmId=9003, ip="10.10.0.53", mac="bc:24:11:00:00:53")],
+      "ccm.enabled": True, "ccm.nodeIpam": {"maskSizeIpv4": 17}},
+     'talos-proxmox:ccm.nodeIpam.maskSizeIpv4: 17 leaves room for 2 node range(s) in 10.244.0.0/16, fewer than the 3 nodes'),
+    ({"ccm.enabled": True, "ccm.nodeIpam": {}, "cluster.podSubnets": ["10.244.0.0/16", "fd00:10:244::/56"]},
+     'talos-proxmox:ccm.nodeIpam.maskSizeIpv6: 80 does not fit pod subnet fd00:10:244::/56 (expected 56-72)'),
     ({"ccm.nodeIpam": {"cidrAllocatorType": "Foo"}},
      "talos-proxmox:ccm.nodeIpam.cidrAllocatorType: 'Foo' is not an allocator (expected CloudAllocator or RangeAllocator)"),
+    ({"ccm.nodeIpam": {"maskSizeIpv6": 129}},
+     'talos-proxmox:ccm.nodeIpam.maskSizeIpv6: 129 is not a prefix length in 1-128'),
+    ({"ccm.nodeIpam": "CloudAllocator"},
+     "talos-proxmox:ccm.nodeIpam: 'CloudAllocator' is not a mapping"),
+    ({"ccm": "off"},
+     "talos-proxmox:ccm: 'off' is not a mapping"),
+    ({"ccm.replica": 2},
+     'talos-proxmox:ccm.replica: 2 is not a known key (expected one of: enabled, chart, version, replicas, controllers, nodeIpam, values)'),
     ({"health.timeoutSeconds": 0},
      'talos-proxmox:health.timeoutSeconds: 0 is not a timeout in seconds (expected an integer in 1-86400, at most a day)'),
     ({"health.timeoutSeconds": 3153600000},
@@ -463,6 +515,8 @@ BAD_STACKS = [
      'talos-proxmox:lifecycle.timeoutSeconds: 999999999 is not a timeout in seconds (expected an integer in 1-86400, at most a day)'),
     ({"lifecycle.resetOnDelete": "no"},
      "talos-proxmox:lifecycle.resetOnDelete: 'no' is not true or false"),
+    ({"lifecycle": "on"},
+     "talos-proxmox:lifecycle: 'on' is not a mapping"),
     ({"clustr": {}},
      'talos-proxmox:clustr: is not a known key (expected one of: cluster, network, proxmox, image, nodes, cilium, hubble, ccm, health, lifecycle)'),
     # what would not boot or not work on first boot
@@ -472,6 +526,19 @@ BAD_STACKS = [
      "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.20.0.60/30' is outside the nodes' subnet (L2 announcements answer ARP only there)"),
     ({"cilium.loadBalancerAddresses": ["10.10.0.48/28"]},
      "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.48/28' includes nodes[0].ip (expected addresses no node, VIP or gateway uses)"),
+    ({"cluster.vip": None, "nodes[0].ip": "fd00:10::51/64", "nodes[0].gateway": "fd00:10::1", "cilium.enabled": True,
+      "cilium.loadBalancerAddresses": ["fd00:10::50-fd00:10::59"]},
+     "talos-proxmox:cilium.loadBalancerAddresses[0]: 'fd00:10::50-fd00:10::59' includes nodes[0].ip (expected addresses no node, VIP or gateway uses)"),
+    ({"cilium.loadBalancerAddresses": ["fd00:10::60-fd00:10::69%eth-0"]},
+     "talos-proxmox:cilium.loadBalancerAddresses: ['fd00:10::60-fd00:10::69%eth-0'] is not a list of CIDRs or start-stop address ranges (expected e.g. [10.10.0.60/30] or [10.10.0.60-10.10.0.69])"),
+    ({"cilium.loadBalancerAddresses": ["10.10.0.1-10.10.0.9"]},
+     "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.1-10.10.0.9' includes the gateway (expected addresses no node, VIP or gateway uses)"),
+    ({"cilium.loadBalancerAddresses": ["10.10.0.40-10.10.0.50"]},
+     "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.40-10.10.0.50' includes cluster.vip (expected addresses no node, VIP or gateway uses)"),
+    ({"cilium.loadBalancerAddresses": ["10.10.0.52-10.10.0.60"]},
+     "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.52-10.10.0.60' includes nodes[1].ip (expected addresses no node, VIP or gateway uses)"),
+    ({"cilium.loadBalancerAddresses": ["10.10.0.200-10.10.1.10"]},
+     "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.200-10.10.1.10' is outside the nodes' subnet (L2 announcements answer ARP only there)"),
     ({"cilium.loadBalancerAddresses": ["10.10.0.250-10.10.0.255"]},
      "talos-proxmox:cilium.loadBalancerAddresses[0]: '10.10.0.250-10.10.0.255' includes the subnet's network or broadcast address"),
     ({"cilium.loadBalancerAddresses": ["10.10.0.70-10.10.0.60"]},
@@ -486,6 +553,10 @@ BAD_STACKS = [
      "talos-proxmox:proxmox.isoDatastoreShared: 'yes' is not true or false"),
     ({"lifecycle.etcdSnapshots": {"keep": 0}},
      "talos-proxmox:lifecycle.etcdSnapshots.keep: 0 is not a number of snapshots to keep (expected 1-1000)"),
+    ({"lifecycle.etcdSnapshots": {"keep": 1001}},
+     'talos-proxmox:lifecycle.etcdSnapshots.keep: 1001 is not a number of snapshots to keep (expected 1-1000)'),
+    ({"lifecycle.etcdSnapshots": {"directory": ""}},
+     "talos-proxmox:lifecycle.etcdSnapshots.directory: '' is not a directory path"),
     ({"lifecycle.etcdSnapshots": {"enabled": "no"}},
      "talos-proxmox:lifecycle.etcdSnapshots.enabled: 'no' is not true or false"),
     ({"lifecycle.etcdSnapshots": {"dir": "/backups"}},
@@ -502,7 +573,14 @@ BAD_STACKS = [
     ({"cluster.patches": [{"machine": {"registries": {"config": {"r.lab": {"auth": {"password": "hunter22"}}}}}}]},
      "talos-proxmox:cluster.patches[0].machine.registries.config.r.lab.auth.password: a credential in plain text; expected a secret (`pulumi config set --secret --path 'talos-proxmox:cluster.patches[0].machine.registries.config.r.lab.auth.password' ...`)"),
 ]
-IDS = [",".join(f"{k}={v!r}" for k, v in changes.items())[:80] for changes, _ in BAD_STACKS]
+
+
+def row_id(changes: dict) -> str:
+    """A table row's test id: its changes, cut to 80 characters."""
+    return ",".join(f"{k}={v!r}" for k, v in changes.items())[:80]
+
+
+IDS = [row_id(changes) for changes, _ in BAD_STACKS]
 
 
 def expected(message: str) -> str:

@@ -1,5 +1,6 @@
 """Credentials only from secret config or the environment: the check over stack config."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,12 @@ from talos_proxmox.settings.credentials import (
     PROXMOX_CREDENTIALS,
     CredentialsError,
     ensure_no_plaintext_credentials,
+    plain_leaves,
     plaintext_credentials,
 )
-from talos_proxmox.settings.stack_config import StackConfig
+from talos_proxmox.settings.stack import SettingsError, stack_file_values
+from talos_proxmox.settings.stack_config import StackConfig, load_stack, mask_secrets
+from tests.mocked_program import REPO
 
 STACKS = sorted((Path(__file__).resolve().parent.parent / "stacks").glob("Pulumi.*.yaml"))
 TOKEN = "root@pam!pulumi=5f0c1d9e-aaaa-bbbb-cccc-0123456789ab"
@@ -115,3 +119,68 @@ def test_the_programs_check_reads_the_runtime_config_the_language_host_sets():
         assert TOKEN not in str(err.value)
     finally:
         runtime_config.set_all_config({}, [])
+
+
+@pytest.mark.parametrize("name", ["private_key", "api_key", "access_key", "db_password", "ssh_private_key"])
+def test_snake_case_credential_names_are_flagged(name):
+    problems = plaintext_credentials({"talos-proxmox:cilium": {"values": {"backup": {name: "plain-value"}}}})
+    assert [p.split(": a credential")[0] for p in problems] == [f"talos-proxmox:cilium.values.backup.{name}"]
+
+
+@pytest.mark.parametrize("value", [None, "", True, False])
+def test_an_unset_or_on_off_value_under_a_credential_name_holds_no_credential(value):
+    config = {"proxmoxve:password": value, "talos-proxmox:cilium": {"values": {"useToken": value}}}
+    assert plaintext_credentials(config) == []
+
+
+def test_plain_leaves_skip_encrypted_values_at_any_depth():
+    assert list(plain_leaves({"user": "root", "password": SECURE, "keys": [SECURE, "k2"]}, "proxmoxve:ssh")) == [
+        ("proxmoxve:ssh.user", "root"), ("proxmoxve:ssh.keys[1]", "k2")]
+    assert list(plain_leaves(SECURE, "proxmoxve:apiToken")) == []
+
+
+def test_the_error_lists_every_credential_under_one_heading():
+    with pytest.raises(CredentialsError) as err:
+        ensure_no_plaintext_credentials({"proxmoxve:apiToken": TOKEN, "proxmoxve:password": "hunter22"})
+    assert str(err.value) == (
+        "credentials in plain text in the stack config:\n"
+        "  - proxmoxve:apiToken: a credential in plain text; expected a secret (`pulumi config set --secret "
+        "proxmoxve:apiToken ...` or the PROXMOX_VE_API_TOKEN environment variable)\n"
+        "  - proxmoxve:password: a credential in plain text; expected a secret (`pulumi config set --secret "
+        "proxmoxve:password ...` or the PROXMOX_VE_PASSWORD environment variable)")
+
+
+# ---------------------------------------------------------------- secret values in the lines of a bad stack
+
+DEV = stack_file_values(str(REPO / "stacks" / "Pulumi.dev.yaml"))
+
+
+def test_a_secret_value_quoted_under_another_key_is_masked():
+    """A token pasted into cluster.name by mistake: the line names the key but shows no token."""
+    values = {**copy.deepcopy(DEV), "proxmoxve:apiToken": TOKEN}
+    values["talos-proxmox:cluster"]["name"] = TOKEN
+    with pytest.raises(SettingsError) as err:
+        load_stack(StackConfig(values, frozenset({"proxmoxve:apiToken"})), base_dir=REPO)
+    assert err.value.problems == [
+        "talos-proxmox:cluster.name: '[secret]' is not a cluster name (expected lowercase letters, digits and '-', "
+        "at most 63)"]
+
+
+def test_warnings_about_a_secret_key_show_neither_its_value_nor_its_strings():
+    values = copy.deepcopy(DEV)
+    values["talos-proxmox:nodes"][0]["cpu"] = 1
+    settings = load_stack(StackConfig(values, frozenset({"talos-proxmox:nodes"})), base_dir=REPO)
+    assert settings.warnings == (
+        "talos-proxmox:nodes[0].cpu: [secret] vCPU for control plane [secret] is below Talos's minimum of 2 for a "
+        "control plane",)
+
+
+@pytest.mark.parametrize("lines, secrets, masked", [
+    # The longer secret first, though it sorts before the shorter one: no tail of it stays visible.
+    (["token a-pass-word-2 here", "and pass-word"], {"pass-word", "a-pass-word-2"},
+     ["token [secret] here", "and [secret]"]),
+    # Four characters are masked; shorter strings ("on", "1") would mask unrelated words.
+    (["pin 1234, mode abc"], {"1234", "abc"}, ["pin [secret], mode abc"]),
+])
+def test_mask_secrets_replaces_every_secret_string(lines, secrets, masked):
+    assert mask_secrets(lines, secrets) == masked
