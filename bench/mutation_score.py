@@ -4,7 +4,7 @@ each mutant, and a mutant counts as killed when a test fails. Run through `scrip
     scripts/mutation.sh                  # every module below, then the table
     scripts/mutation.sh rolling removal  # just these
     scripts/mutation.sh --report         # the table from the last runs, running nothing
-    scripts/mutation.sh --survivors render  # retest only the last survivors and timeouts (after new tests)
+    scripts/mutation.sh --survivors render  # after new tests or a change: see `retest`
     scripts/mutation.sh --report --diffs settings  # each survivor's changed lines (`mutmut show` is slow)
 
 mutmut tests each mutant in a process forked from its own, which has run the tests once: gRPC does
@@ -14,7 +14,9 @@ instead (`_fresh_test_processes`). The others (IN_FORK) keep mutmut's own forked
 milliseconds per mutant where a fresh pytest spends seconds importing.
 
 Each module runs in its own work directory, `.mutation/<module>/` (git-ignored), so runs of different
-modules never share mutmut's state, and a rerun after a change retests only what changed. The score
+modules never share mutmut's state. mutmut itself forgets every result when it runs again, so a plain
+run is a full run; `--survivors` retests the last survivors and timeouts, plus every mutant of a
+function changed since, and keeps the other results (`retest`). The score
 is killed / (checked - equivalent), where equivalent mutants are the ones `tests/data/
 equivalent_mutants.txt` lists, each with why no test can tell it from the original. Survivors are
 printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmut show <name>)`.
@@ -107,11 +109,12 @@ def prepare(module: str) -> Path:
 
 
 def run(module: str, children: int, only: list[str] | None = None) -> None:
-    """mutmut over the module; `only` names the mutants to retest (mutmut then reruns just those)."""
+    """mutmut over the module; `only` names the mutants to retest (names or fnmatch patterns)."""
     work = prepare(module)
     started = time.monotonic()
     print(f"mutation: {module}: mutating {', '.join(MODULES[module][0])}"
-          + (f", retesting {len(only)} survivors and timeouts" if only is not None else ""), flush=True)
+          + (f", retesting {len(only)} survivors, timeouts and changed functions" if only is not None else ""),
+          flush=True)
     if only == []:
         return
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
@@ -119,6 +122,58 @@ def run(module: str, children: int, only: list[str] | None = None) -> None:
     subprocess.run([sys.executable, str(Path(__file__).resolve()), runner, "run", "--max-children",
                     str(children), *(only or [])], cwd=work, env=env, check=False)
     print(f"mutation: {module}: done in {time.monotonic() - started:.0f}s", flush=True)
+
+
+def _functions(source: str, suffix: str = "") -> dict[str, str]:
+    """mutmut's name of each function or method (x_<name>, xǁ<class>ǁ<name>) -> a dump of its arguments
+    and body; with `suffix`, only the functions so named in a mutated file (their name without it)."""
+    import ast
+
+    found = {}
+    for node in ast.parse(source).body:
+        methods = [(f"xǁ{node.name}ǁ", item) for item in node.body] if isinstance(node, ast.ClassDef) else []
+        for prefix, item in [("x_", node), *methods]:
+            if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or not item.name.endswith(suffix):
+                continue
+            name = item.name[:len(item.name) - len(suffix)] if suffix else item.name
+            mangled = name if name.startswith(("x_", "xǁ")) else prefix + name
+            found[mangled] = ast.dump(item.args) + ast.dump(ast.Module(body=item.body, type_ignores=[]))
+    return found
+
+
+def _function_changes(module: str) -> tuple[set[str], set[str]]:
+    """(functions unchanged since the last run, functions changed or new), as `<module path>.<mangled>`."""
+    unchanged, changed = set(), set()
+    for path in MODULES[module][0]:
+        dotted = path.removesuffix(".py").replace("/", ".")
+        mutated = WORK / module / "mutants" / path
+        before = _functions(mutated.read_text(), "__mutmut_orig") if mutated.exists() else {}
+        for name, body in _functions((ROOT / path).read_text()).items():
+            (unchanged if before.get(name) == body else changed).add(f"{dotted}.{name}")
+    return unchanged, changed
+
+
+def retest(module: str, children: int, equivalent: dict[str, str]) -> None:
+    """Retest the last run's survivors and timeouts (on a loaded machine a mutant's tests can pass the
+    time limit without the mutant looping, so a timeout counts as a kill only once a quiet rerun
+    confirms it) and every mutant of a function changed since, whose mutants mutmut numbers afresh;
+    every other mutant keeps its last result, which mutmut's rerun would otherwise forget."""
+    before = results(module)
+    unchanged, changed = _function_changes(module)
+
+    def function(name: str) -> str:
+        return name.rsplit("__mutmut_", 1)[0]
+
+    doubtful = [name for name in score(module, equivalent)[4] + [n for n, code in before.items() if code in TIMEOUTS]
+                if function(name) in unchanged]
+    run(module, children, doubtful + [f"{name}__mutmut_*" for name in sorted(changed)])
+    for path in MODULES[module][0]:
+        meta = WORK / module / "mutants" / (path + ".meta")
+        data = json.loads(meta.read_text())
+        for name, code in data["exit_code_by_key"].items():
+            if code is None and function(name) in unchanged:
+                data["exit_code_by_key"][name] = before.get(name)
+        meta.write_text(json.dumps(data, indent=4))
 
 
 def _fresh_test_processes() -> None:
@@ -232,13 +287,6 @@ def survivor_diffs(module: str, names: list[str]) -> dict[str, list[str]]:
     return diffs
 
 
-def to_retest(module: str, equivalent: dict[str, str]) -> list[str]:
-    """The last run's survivors, and its timeouts: on a loaded machine a mutant's tests can pass the time
-    limit without the mutant looping, so a timeout is a kill only once a quiet rerun confirms it."""
-    timed_out = [name for name, code in results(module).items() if code in TIMEOUTS]
-    return score(module, equivalent)[4] + timed_out
-
-
 def report(modules: list[str], diffs: bool = False) -> bool:
     equivalent = equivalent_mutants()
     print(f"{'module':<12}{'mutants':>9}{'checked':>9}{'equivalent':>12}{'killed':>8}{'score':>8}"
@@ -274,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="print the scores of the last runs only")
     parser.add_argument("--diffs", action="store_true", help="with each survivor, the lines its mutation changed")
     parser.add_argument("--survivors", action="store_true",
-                        help="retest only the last run's survivors and timeouts")
+                        help="retest the last run's survivors and timeouts, and changed functions; keep the rest")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     unknown = [module for module in args.modules if module not in MODULES]
@@ -284,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         equivalent = equivalent_mutants()
         for module in modules:
-            run(module, args.children, to_retest(module, equivalent) if args.survivors else None)
+            if args.survivors:
+                retest(module, args.children, equivalent)
+            else:
+                run(module, args.children)
     return 0 if report(modules, args.diffs) else 1
 
 
