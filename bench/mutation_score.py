@@ -15,8 +15,8 @@ milliseconds per mutant where a fresh pytest spends seconds importing.
 
 Each module runs in its own work directory, `.mutation/<module>/` (git-ignored), so runs of different
 modules never share mutmut's state. mutmut itself forgets every result when it runs again, so a plain
-run is a full run; `--survivors` retests the last survivors and timeouts, plus every mutant of a
-function changed since, and keeps the other results (`retest`). The score
+run is a full run; `--survivors` retests the last survivors, timeouts and mutants not reached, plus
+every mutant of a function changed since, and keeps the other results (`retest`). The score
 is killed / (checked - equivalent), where equivalent mutants are the ones `tests/data/
 equivalent_mutants.txt` lists, each with why no test can tell it from the original. Survivors are
 printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmut show <name>)`.
@@ -154,17 +154,19 @@ def _function_changes(module: str) -> tuple[set[str], set[str]]:
 
 
 def retest(module: str, children: int, equivalent: dict[str, str]) -> None:
-    """Retest the last run's survivors and timeouts (on a loaded machine a mutant's tests can pass the
+    """Retest the last run's survivors, timeouts (on a loaded machine a mutant's tests can pass the
     time limit without the mutant looping, so a timeout counts as a kill only once a quiet rerun
-    confirms it) and every mutant of a function changed since, whose mutants mutmut numbers afresh;
-    every other mutant keeps its last result, which mutmut's rerun would otherwise forget."""
+    confirms it) and mutants it did not reach (a run stopped part-way resumes), and every mutant of a
+    function changed since, whose mutants mutmut numbers afresh; every other mutant keeps its last
+    result, which mutmut's rerun would otherwise forget."""
     before = results(module)
     unchanged, changed = _function_changes(module)
 
     def function(name: str) -> str:
         return name.rsplit("__mutmut_", 1)[0]
 
-    doubtful = [name for name in score(module, equivalent)[4] + [n for n, code in before.items() if code in TIMEOUTS]
+    doubtful = [name for name in score(module, equivalent)[4]
+                + [n for n, code in before.items() if code is None or code in TIMEOUTS]
                 if function(name) in unchanged]
     run(module, children, doubtful + [f"{name}__mutmut_*" for name in sorted(changed)])
     for path in MODULES[module][0]:
