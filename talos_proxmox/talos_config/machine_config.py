@@ -534,18 +534,18 @@ def _merge(left: dict, right: dict, struct: str | None, path: tuple, label: str)
         elif isinstance(lvalue, (dict, list)) or isinstance(rvalue, (dict, list)):
             raise MachineConfigError(f"{label}: {_dotted(here)} is a {_kind(rvalue)} in the patch but a "
                                      f"{_kind(lvalue)} in the config; expected a {_kind(lvalue)}")
-        elif not _zero_keeps_existing(field, struct, rvalue):
+        elif not _zero_keeps_existing(field, rvalue):
             left[key] = rvalue
 
 
-def _zero_keeps_existing(field, struct: str | None, value: Any) -> bool:
+def _zero_keeps_existing(field, value: Any) -> bool:
     """Go's merge leaves a set string/integer alone when the patch has "" or 0 there, unless the
     field is a pointer (booleans always overwrite)."""
     is_zero = value == "" or (isinstance(value, int) and not isinstance(value, bool) and value == 0)
     if not is_zero:
         return False
     if field is None:
-        return struct is None  # free-form maps hold plain Go values
+        return True  # free-form values, and fields of other documents the layout leaves out: plain Go values
     return not field.pointer and field.scalar in ("s", "i")
 
 
@@ -605,11 +605,9 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
     ordered: dict[str, Any] = {}
     for name, field in fields.items():
         here = path + (name,)
-        if name not in value:
+        if name not in value or (value[name] is None and not field.pointer):  # Go decodes null as the zero value
             if field.always:
-                zero = _zero(field, here, errors)
-                if zero is not _OMIT:
-                    ordered[name] = zero
+                ordered[name] = _zero(field, here, errors)
             continue
         child = value[name]
         if field.container == "[]":
@@ -632,7 +630,6 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
     return ordered
 
 
-_OMIT = object()
 _SCALAR_KINDS = {"s": "a string", "b": "true or false", "i": "an integer"}
 
 
@@ -645,12 +642,13 @@ def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> No
         scalar == "b" and not isinstance(value, bool)) or (
         scalar == "i" and (isinstance(value, bool) or not isinstance(value, int)))
     if wrong:
-        got = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(value)) or _kind(value)
-        errors.append(f"{_dotted(path)}: expected {_SCALAR_KINDS[scalar]}, got a {got}")
+        got = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value)) \
+            or f"a {_kind(value)}"
+        errors.append(f"{_dotted(path)}: expected {_SCALAR_KINDS[scalar]}, got {got}")
 
 
 def _zero(field, path: tuple, errors: list[str]) -> Any:
-    """How Go encodes an unset field that has no omitempty."""
+    """How Go encodes an unset field that has no omitempty (the free-form ones are Unstructured: an empty mapping)."""
     if field.container == "[]":
         return []
     if field.container == "{}":
@@ -659,7 +657,7 @@ def _zero(field, path: tuple, errors: list[str]) -> Any:
         return None
     if field.struct:
         return _normalize({}, field.struct, path, errors)
-    return {"s": "", "b": False, "i": 0}.get(field.scalar, _OMIT)
+    return {"s": "", "b": False, "i": 0}.get(field.scalar, {})
 
 
 def _omitted_when_empty(field, value: Any) -> bool:
