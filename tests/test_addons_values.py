@@ -228,12 +228,28 @@ def test_user_values_deep_merge_on_top():
     assert "MTU" not in values  # null removes, as with helm -f
 
 
-def test_deep_merge_leaves_its_inputs_alone():
+@pytest.mark.parametrize("base, override, expected", [
+    ({"a": {"b": 1, "c": 2}}, {"a": {"c": 3, "d": 4}}, {"a": {"b": 1, "c": 3, "d": 4}}),  # maps merge
+    ({"a": [1, 2], "b": 1}, {"a": [3], "b": 2}, {"a": [3], "b": 2}),  # lists and scalars replace
+    ({"a": 1}, {"a": {"b": 1}}, {"a": {"b": 1}}),  # a map replaces a scalar
+    ({"a": {"b": 1}}, {"a": "x"}, {"a": "x"}),  # and a scalar a map
+    ({"a": 1, "b": 2}, {"a": None, "c": None}, {"b": 2}),  # null removes; nothing to remove is no error
+    ({}, {"a": {"b": {"c": None, "d": 1}, "e": None}}, {"a": {"b": {"d": 1}}}),  # a new map brings no nulls
+])
+def test_deep_merge_follows_helms_rules_for_user_values(base, override, expected):
+    assert deep_merge(base, override) == expected
+
+
+def test_deep_merge_shares_nothing_with_its_inputs():
     base = {"a": {"b": [1, 2]}, "c": 1}
-    override = {"a": {"d": {"e": None, "f": 2}}, "c": None}
-    assert deep_merge(base, override) == {"a": {"b": [1, 2], "d": {"f": 2}}}
+    override = {"a": {"d": {"e": None, "f": [{"g": 1}]}}, "c": None, "h": [{"i": 1}]}
+    merged = deep_merge(base, override)
+    assert merged == {"a": {"b": [1, 2], "d": {"f": [{"g": 1}]}}, "h": [{"i": 1}]}
+    merged["a"]["b"].append(3)
+    merged["a"]["d"]["f"][0]["g"] = 2
+    merged["h"][0]["i"] = 2
     assert base == {"a": {"b": [1, 2]}, "c": 1}
-    assert override == {"a": {"d": {"e": None, "f": 2}}, "c": None}
+    assert override == {"a": {"d": {"e": None, "f": [{"g": 1}]}}, "c": None, "h": [{"i": 1}]}
 
 
 def test_ccm_node_ipam_adds_the_controller_and_its_flags():

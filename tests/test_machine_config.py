@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from talos_proxmox.talos_config import machine_config as mc
-from talos_proxmox.talos_config import secrets_bundle, talos_yaml
+from talos_proxmox.talos_config import go_yaml, secrets_bundle, talos_yaml, v1alpha1_schema
 from talos_proxmox.talos_config.machine_config import MachineConfigError, parse_config, render
 from tests import seed_cluster as seed
 
@@ -351,11 +351,48 @@ def test_yaml_1_1_lookalikes_stay_strings(bundle):
      "patch 2: $patch: delete of machine.features.imageCache, which the config does not have"),
     ("worker", [DISK, "version: v1alpha1\n$patch: delete\n"], "patch 2: the v1alpha1 document cannot be deleted"),
     ("worker", [DISK, 42], "patch 2: is a int; expected a mapping"),
+    ("worker", [DISK, {"machine": {"features": {"kubePrism": {"qqq": 1}}}}],
+     "unknown key 'qqq' at machine.features.kubePrism; expected one of: enabled, port"),
+    ("worker", [DISK, [{"op": "replace", "path": "/version", "value": "v1alpha2"}]], "version: expected 'v1alpha1'"),
+    ("worker", [DISK, {"cluster": {"ca": {"key": "a-key"}}}],
+     "cluster.ca.key must be empty on a worker (the CA key stays on control planes)"),
+    ("worker", [DISK, [{"op": "replace", "path": "/machine/ca", "value": "a-ca"}]],
+     "machine.ca: expected a mapping, got a scalar"),
+    ("worker", [DISK, {"cluster": {"controlPlane": {"endpoint": "http://10.255.200.201:6443"}}}],
+     "cluster.controlPlane.endpoint: expected an https:// URL of the Kubernetes API"),
+    ("worker", [DISK, {"machine": {"network": {"interfaces": [
+        "eth0", {"interface": "eth1", "deviceSelector": {"driver": "virtio"}}]}}}],
+     "machine.network.interfaces[0]: expected a mapping, got a scalar\n"
+     "  - machine.network.interfaces[1]: expected exactly one of interface or deviceSelector"),
 ])
 def test_invalid_results_are_refused_with_clear_messages(bundle, role, patches, expected):
     with pytest.raises(MachineConfigError) as err:
         _render(bundle, role, patches)
     assert expected in str(err.value)
+
+
+INTERFACE = {"interface": "eth0", "dhcp": True}
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"machine": {"install": {"wipe": "yes"}}}, "machine.install.wipe: expected true or false, got a string"),
+    ({"machine": {"network": {"interfaces": [{**INTERFACE, "dhcp": 1}]}}},
+     "machine.network.interfaces[0].dhcp: expected true or false, got an integer"),
+    ({"machine": {"network": {"interfaces": [{**INTERFACE, "mtu": "1500"}]}}},
+     "machine.network.interfaces[0].mtu: expected an integer, got a string"),
+    ({"machine": {"network": {"interfaces": [{**INTERFACE, "mtu": 1500.5}]}}},
+     "machine.network.interfaces[0].mtu: expected an integer, got a number"),
+    ({"machine": {"network": {"interfaces": [{**INTERFACE, "mtu": {"value": 1500}}]}}},
+     "machine.network.interfaces[0].mtu: expected an integer, got a mapping"),
+    ({"machine": {"features": {"kubePrism": {"port": True}}}},
+     "machine.features.kubePrism.port: expected an integer, got a boolean"),
+    ({"machine": {"network": {"interfaces": [{**INTERFACE, "cidr": ["10.0.0.5/24"]}]}}},
+     "machine.network.interfaces[0].cidr: expected a string, got a list"),
+])
+def test_a_value_of_the_wrong_type_is_refused_as_gos_decoder_would(bundle, patch, expected):
+    with pytest.raises(MachineConfigError) as err:
+        _render(bundle, "worker", [DISK, patch])
+    assert str(err.value) == f"machine configuration is invalid:\n  - {expected}"
 
 
 def test_worker_patch_leaking_a_ca_key_is_refused_without_echoing_it(bundle):
@@ -375,27 +412,78 @@ def test_failed_json_test_op_does_not_echo_secret_values(bundle):
 
 
 @pytest.mark.parametrize("kwargs, expected", [
-    ({"role": "init"}, "role 'init' is not a node role"),
-    ({"talos_version": "v1.11.5"}, "contract v1.11 is not supported"),
-    ({"talos_version": "v1.15.0"}, "contract v1.15 is not supported"),
-    ({"talos_version": "1.13"}, "is not a full Talos version"),
-    ({"endpoint": "10.255.200.201:6443"}, "endpoint '10.255.200.201:6443' is not a Kubernetes API URL"),
-    ({"kubernetes_version": "latest"}, "kubernetes_version 'latest'"),
+    ({"role": "init"}, "role 'init' is not a node role; expected one of controlplane, worker"),
+    ({"talos_version": "v1.11.5"},
+     "talos_version 'v1.11.5': contract v1.11 is not supported; expected one of v1.12, v1.13, v1.14"),
+    ({"talos_version": "v1.15.0"},
+     "talos_version 'v1.15.0': contract v1.15 is not supported; expected one of v1.12, v1.13, v1.14"),
+    ({"talos_version": "1.13"}, "talos_version '1.13' is not a full Talos version; expected e.g. 'v1.13.7'"),
+    ({"endpoint": "10.255.200.201:6443"},
+     "endpoint '10.255.200.201:6443' is not a Kubernetes API URL; expected e.g. 'https://10.255.200.201:6443'"),
+    ({"endpoint": "http://10.255.200.201:6443"},
+     "endpoint 'http://10.255.200.201:6443' is not a Kubernetes API URL; expected e.g. 'https://10.255.200.201:6443'"),
+    ({"endpoint": "https://:6443"},
+     "endpoint 'https://:6443' is not a Kubernetes API URL; expected e.g. 'https://10.255.200.201:6443'"),
+    ({"kubernetes_version": "latest"}, "kubernetes_version 'latest' is not a Kubernetes version; expected e.g. '1.34.1'"),
+    ({"kubernetes_version": "X1.34.1"}, "kubernetes_version 'X1.34.1' is not a Kubernetes version; expected e.g. '1.34.1'"),
     ({"cluster_name": " "}, "cluster_name must be a non-empty string"),
+    ({"cluster_name": 42}, "cluster_name must be a non-empty string"),
 ])
 def test_bad_inputs_are_refused(bundle, kwargs, expected):
     args = dict(secrets=bundle, cluster_name=seed.CLUSTER_NAME, endpoint=seed.ENDPOINT, role="worker",
                 talos_version=seed.TALOS_VERSION, kubernetes_version=seed.KUBERNETES_VERSION, patches=[DISK])
     args.update(kwargs)
-    with pytest.raises(MachineConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(MachineConfigError) as err:
         render(**args)
+    assert str(err.value) == expected
 
 
-def test_incomplete_bundle_is_named_not_echoed(bundle):
+@pytest.mark.parametrize("talos_version, kubernetes_version, installer, kubelet", [
+    (" v1.13.7\n", " v1.34.1 ", "ghcr.io/siderolabs/installer:v1.13.7", "ghcr.io/siderolabs/kubelet:v1.34.1"),
+    ("1.12.4", "1.35.0-alpha.1", "ghcr.io/siderolabs/installer:v1.12.4", "ghcr.io/siderolabs/kubelet:v1.35.0-alpha.1"),
+    ("v1.13.0-beta.0", "1.35.0-RC.1", "ghcr.io/siderolabs/installer:v1.13.0-beta.0",
+     "ghcr.io/siderolabs/kubelet:v1.35.0-RC.1"),
+])
+def test_versions_are_taken_with_or_without_v_and_surrounding_space(bundle, talos_version, kubernetes_version,
+                                                                     installer, kubelet):
+    machine = _v1alpha1(render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", talos_version, kubernetes_version,
+                               [DISK]))["machine"]
+    assert (machine["install"]["image"], machine["kubelet"]["image"]) == (installer, kubelet)
+
+
+def _without(bundle, path):
     broken = copy.deepcopy(bundle)
-    del broken["certs"]["os"]["key"]
-    with pytest.raises(secrets_bundle.SecretsBundleError, match="certs.os.key is required") as err:
-        _render(broken, "controlplane")
+    *parents, last = path.split(".")
+    node = broken
+    for part in parents:
+        node = node[part]
+    del node[last]
+    return broken
+
+
+def _with(bundle, path, value):
+    broken = copy.deepcopy(bundle)
+    *parents, last = path.split(".")
+    node = broken
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return broken
+
+
+@pytest.mark.parametrize("version", ["v1.13.7", "v1.14.0"])
+@pytest.mark.parametrize("broken, expected", [
+    (lambda b: _without(b, "certs.os.key"), "secrets bundle: certs.os.key is required"),
+    (lambda b: _with(b, "certs.os.crt", ""), "secrets bundle: certs.os.crt is required"),
+    (lambda b: _with(b, "trustdinfo.token", 12345678), "secrets bundle: trustdinfo.token is required"),
+    (lambda b: _with(b, "certs.etcd", "not a mapping"), "secrets bundle: certs.etcd.crt is required"),
+    (lambda b: _without(b, "secrets.secretboxencryptionsecret"),
+     "secrets bundle: secrets.secretboxencryptionsecret is required"),
+])
+def test_an_incomplete_bundle_is_named_not_echoed(bundle, version, broken, expected):
+    with pytest.raises(secrets_bundle.SecretsBundleError) as err:
+        render(broken(bundle), seed.CLUSTER_NAME, seed.ENDPOINT, "controlplane", version, seed.KUBERNETES_VERSION)
+    assert str(err.value) == expected
     for secret in _secret_values(bundle):
         assert secret not in str(err.value)
 
@@ -418,6 +506,62 @@ def test_empty_values_are_encoded_as_talos_does(bundle):
     assert cfg["machine"]["network"]["interfaces"][0]["routes"] == [{"network": "10.0.0.0/8", "gateway": ""}]
     assert "extraKernelArgs" not in cfg["machine"]["install"] and "extraArgs" not in cfg["machine"]["kubelet"]
     assert cfg["machine"]["install"]["wipe"] is False  # a pointer: false is still written
+
+
+ETH0 = {"interface": "eth0", "dhcp": True}
+
+
+@pytest.mark.parametrize("patch, path, expected", [
+    # Fields without omitempty are written when unset, as Go's zero value (checked against Talos's machinery):
+    # an integer 0, an Unstructured {} and a struct its own zero; a null is the unset value.
+    ({"machine": {"network": {"interfaces": [{**ETH0, "dhcpOptions": {"ipv4": True}}]}}},
+     ("machine", "network", "interfaces", 0, "dhcpOptions"), {"routeMetric": 0, "ipv4": True}),
+    ({"machine": {"network": {"interfaces": [{**ETH0, "dhcpOptions": {"ipv4": True, "routeMetric": None}}]}}},
+     ("machine", "network", "interfaces", 0, "dhcpOptions"), {"routeMetric": 0, "ipv4": True}),
+    ({"cluster": {"apiServer": {"admissionControl": [{"name": "EventRateLimit"}]}}},
+     ("cluster", "apiServer", "admissionControl", 1), {"name": "EventRateLimit", "configuration": {}}),
+    ({"machine": {"seccompProfiles": [{"name": "audit.json", "value": None}]}},
+     ("machine", "seccompProfiles", 0), {"name": "audit.json", "value": {}}),
+    ("cluster:\n  discovery:\n    registries:\n      kubernetes:\n        $patch: delete\n",
+     ("cluster", "discovery", "registries"), {"kubernetes": {}, "service": {}}),
+    # A null list is an empty one: written as [] without omitempty, dropped with it; so is an empty string.
+    ({"machine": {"network": {"interfaces": [{**ETH0, "addresses": None, "cidr": "",
+                                              "vlans": [{"vlanId": 5, "routes": None}]}]}}},
+     ("machine", "network", "interfaces", 0), {"interface": "eth0", "vlans": [{"routes": [], "vlanId": 5}], "dhcp": True}),
+    # A bool that is not a pointer is dropped when false; a struct that is not a pointer when all empty.
+    ({"cluster": {"apiServer": {"extraVolumes": [{"hostPath": "/var/a", "mountPath": "/var/a", "readonly": True},
+                                                 {"hostPath": "/var/b", "mountPath": "/var/b", "readonly": False}]}}},
+     ("cluster", "apiServer", "extraVolumes"),
+     [{"hostPath": "/var/a", "mountPath": "/var/a", "readonly": True}, {"hostPath": "/var/b", "mountPath": "/var/b"}]),
+    ({"machine": {"registries": {}}}, ("machine", "registries"), None),
+    ({"machine": {"registries": {"mirrors": {"docker.io": {"endpoints": ["https://mirror.example"]}}}}},
+     ("machine", "registries"), {"mirrors": {"docker.io": {"endpoints": ["https://mirror.example"]}}}),
+])
+def test_unset_null_and_empty_fields_are_encoded_as_talos_does(bundle, patch, path, expected):
+    node = _v1alpha1(_render(bundle, "controlplane", [DISK, patch]))
+    for part in path:
+        node = node[part] if isinstance(node, list) or part in node else None
+    assert node == expected
+    if isinstance(expected, dict):
+        assert list(node) == list(expected)  # and in Talos's field order
+
+
+@pytest.mark.parametrize("layout, zero", [
+    ("list[]!a", []),
+    ("map{}!a", {}),
+    ("pointer=PEMKey!a!p", None),
+    ("mapping=LinuxIDMapping!a", {"containerID": 0, "hostID": 0, "size": 0}),
+    ("text!a!s", ""),
+    ("flag!a!b", False),
+    ("number!a!i", 0),
+    ("unstructured!a", {}),
+])
+def test_an_unset_field_without_omitempty_is_gos_zero_value(layout, zero):
+    # Every kind of field the layout can declare, including kinds no Talos struct has without omitempty yet.
+    [field] = v1alpha1_schema._parse({"Struct": layout})["Struct"].values()
+    errors = []
+    value = mc._zero(field, ("at",), errors)
+    assert (value, type(value), errors) == (zero, type(zero), [])
 
 
 def test_inline_manifest_leading_newlines_are_trimmed_like_talos(bundle):
@@ -513,6 +657,28 @@ def test_a_document_added_twice_is_refused():
                                            seed.TALOS_VERSION, seed.KUBERNETES_VERSION), doc, dict(doc)], "worker")
 
 
+def test_a_document_without_a_kind_is_refused():
+    doc = {"apiVersion": "v1alpha1", "name": "n"}
+    with pytest.raises(MachineConfigError) as err:
+        mc.finalize([*mc.default_documents(seed.shared_bundle(), seed.CLUSTER_NAME, seed.ENDPOINT, "worker",
+                                           seed.TALOS_VERSION, seed.KUBERNETES_VERSION), doc], "worker")
+    assert str(err.value).splitlines()[1:] == ["  - a document with apiVersion 'v1alpha1' has no kind",
+                                               "  - machine.install.disk is missing; expected a patch setting the "
+                                               "install disk, e.g. {machine: {install: {disk: /dev/sda}}} (or "
+                                               "machine.install.diskSelector)"]
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"machine": {"nodeLabels": {1: "a", "zone": "b"}}}, "machine.nodeLabels: map key 1 must be a string"),
+    ({"cluster": {"apiServer": {"auditPolicy": {"rules": [{"level": "None"}], 2: "b"}}}},
+     "cluster.apiServer.auditPolicy: map key 2 must be a string"),
+])
+def test_a_map_key_that_is_not_a_string_is_refused_naming_where(bundle, patch, expected):
+    with pytest.raises(go_yaml.GoYamlError) as err:
+        _render(bundle, "controlplane", [DISK, patch])
+    assert str(err.value) == expected
+
+
 def test_a_json6902_patch_targets_the_v1alpha1_document_only():
     bundle = seed.shared_bundle()
     docs = _documents(bundle, [{"op": "add", "path": "/machine/sysctls", "value": {"a.b": "1"}}])
@@ -592,6 +758,16 @@ def test_v1_14_worker_refuses_control_plane_keys(bundle, patch, expected):
     assert expected in str(err.value)
 
 
+def test_v1_14_an_empty_install_disk_match_is_missing(bundle):
+    with pytest.raises(MachineConfigError) as err:
+        render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", "v1.14.0", "1.37.0",
+               [{"apiVersion": "v1alpha1", "kind": "UnattendedInstallConfig",
+                 "provisioning": {"diskSelector": {"match": ""}}}])
+    assert str(err.value).splitlines()[1:] == [
+        '  - UnattendedInstallConfig provisioning.diskSelector.match is missing; expected the install disk, '
+        'e.g. disk.dev_path == "/dev/sda"']
+
+
 def test_v1_14_install_and_endpoint_are_checked_in_their_documents(bundle):
     with pytest.raises(MachineConfigError) as err:
         render(bundle, seed.CLUSTER_NAME, seed.ENDPOINT, "worker", "v1.14.0", "1.37.0",
@@ -601,3 +777,14 @@ def test_v1_14_install_and_endpoint_are_checked_in_their_documents(bundle):
         '  - UnattendedInstallConfig provisioning.diskSelector.match is missing; expected the install disk, '
         'e.g. disk.dev_path == "/dev/sda"',
         "  - KubeClusterConfig endpoint: expected an https:// URL of the Kubernetes API"]
+
+
+def test_v1_14_keeps_an_aescbc_only_bundles_key_as_talosctl_does(bundle):
+    # Bundles from before secretbox carry an AES-CBC key instead; gen config (v1.14 machinery) writes it
+    # as the one provider key `key1`, so etcd's existing data still decrypts.
+    aescbc = _with(_without(bundle, "secrets.secretboxencryptionsecret"), "secrets.aescbcencryptionsecret",
+                   bundle["secrets"]["secretboxencryptionsecret"])
+    docs = parse_config(_render_v1_14(aescbc, "controlplane"))
+    [encryption] = [d for d in docs if d.get("kind") == "KubeEtcdEncryptionConfig"]
+    assert encryption["config"] == {"resources": [{"providers": [{"secretbox": {"keys": [
+        {"name": "key1", "secret": bundle["secrets"]["secretboxencryptionsecret"]}]}}], "resources": ["secrets"]}]}
