@@ -35,6 +35,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / ".mutation"
@@ -125,9 +126,10 @@ def run(module: str, children: int, only: list[str] | None = None) -> None:
     print(f"mutation: {module}: done in {time.monotonic() - started:.0f}s", flush=True)
 
 
-def _functions(source: str, suffix: str = "") -> dict[str, str]:
-    """mutmut's name of each function or method (x_<name>, xǁ<class>ǁ<name>) -> a dump of its arguments
-    and body; with `suffix`, only the functions so named in a mutated file (their name without it)."""
+def _functions(source: str, suffix: str = "") -> dict[str, Any]:
+    """mutmut's name of each function or method (x_<name>, xǁ<class>ǁ<name>) -> its ast node; with
+    `suffix`, only the functions so named (their name without it). In a mutated file the names are
+    mutmut's already: the original is `<name>__mutmut_orig`, each mutant `<name>__mutmut_<n>`."""
     import ast
 
     found = {}
@@ -137,9 +139,15 @@ def _functions(source: str, suffix: str = "") -> dict[str, str]:
             if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) or not item.name.endswith(suffix):
                 continue
             name = item.name[:len(item.name) - len(suffix)] if suffix else item.name
-            mangled = name if name.startswith(("x_", "xǁ")) else prefix + name
-            found[mangled] = ast.dump(item.args) + ast.dump(ast.Module(body=item.body, type_ignores=[]))
+            found[name if name.startswith(("x_", "xǁ")) else prefix + name] = item
     return found
+
+
+def _code(node: Any) -> str:
+    """A function's arguments and body, whatever its name and layout."""
+    import ast
+
+    return ast.dump(node.args) + ast.dump(ast.Module(body=node.body, type_ignores=[]))
 
 
 def _function_changes(module: str) -> tuple[set[str], set[str]]:
@@ -148,9 +156,10 @@ def _function_changes(module: str) -> tuple[set[str], set[str]]:
     for path in MODULES[module][0]:
         dotted = path.removesuffix(".py").replace("/", ".")
         mutated = WORK / module / "mutants" / path
-        before = _functions(mutated.read_text(), "__mutmut_orig") if mutated.exists() else {}
-        for name, body in _functions((ROOT / path).read_text()).items():
-            (unchanged if before.get(name) == body else changed).add(f"{dotted}.{name}")
+        before = ({name: _code(node) for name, node in _functions(mutated.read_text(), "__mutmut_orig").items()}
+                  if mutated.exists() else {})
+        for name, node in _functions((ROOT / path).read_text()).items():
+            (unchanged if before.get(name) == _code(node) else changed).add(f"{dotted}.{name}")
     return unchanged, changed
 
 
@@ -267,17 +276,14 @@ def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, int, 
 def survivor_diffs(module: str, names: list[str]) -> dict[str, list[str]]:
     """mutant name -> its changed lines against the original function, read from mutmut's mutated files
     (each holds the original function and every mutant of it, named `x_<function>__mutmut_<n>`)."""
-    import ast
     import difflib
 
     functions: dict[str, str] = {}
     for path in MODULES[module][0]:
-        mutated = WORK / module / "mutants" / path
-        source = mutated.read_text()
+        source = (WORK / module / "mutants" / path).read_text()
         lines = source.splitlines()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                functions[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+        for name, node in _functions(source).items():
+            functions[name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
     diffs = {}
     for name in names:
         mutant = name.rsplit(".", 1)[1]

@@ -974,10 +974,10 @@ def _check_load_balancer(r: _Reader, cluster: dict, nodes: list[NodeSettings], c
     if blocks and not cilium.enabled:
         r.report("cilium.loadBalancerAddresses", "needs cilium.enabled: true (the pool is Cilium's LB-IPAM)")
     networks = {ipaddress.ip_interface(n.address).network for n in nodes if n.ip and n.prefix is not None}
-    taken = {n.ip: f"nodes[{i}].ip" for i, n in enumerate(nodes) if n.ip}
-    taken.update({n.gateway: "the gateway" for n in nodes if n.gateway})
+    taken = {ipaddress.ip_address(n.ip): f"nodes[{i}].ip" for i, n in enumerate(nodes) if n.ip}
+    taken.update({ipaddress.ip_address(n.gateway): "the gateway" for n in nodes if n.gateway})
     if cluster["vip"]:
-        taken[cluster["vip"]] = "cluster.vip"
+        taken[ipaddress.ip_address(cluster["vip"])] = "cluster.vip"
     for i, block in enumerate(blocks):
         key = f"cilium.loadBalancerAddresses[{i}]"
         start, stop = address_block_range(block)
@@ -985,8 +985,7 @@ def _check_load_balancer(r: _Reader, cluster: dict, nodes: list[NodeSettings], c
             r.fail(key, block, "is outside the nodes' subnet (L2 announcements answer ARP only there)")
             continue
         clash = next((who for ip, who in taken.items()
-                      if ipaddress.ip_address(ip).version == start.version and start <= ipaddress.ip_address(ip) <= stop),
-                     None)
+                      if ip.version == start.version and start <= ip <= stop), None)
         if clash is not None:
             r.fail(key, block, f"includes {clash} (expected addresses no node, VIP or gateway uses)")
         elif any(_is_network_or_broadcast(str(a), net) for net in networks for a in (start, stop) if a in net):
