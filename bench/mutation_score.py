@@ -71,6 +71,7 @@ TIMED_OUT = 36  # mutmut's exit code for a timeout
 TIMEOUTS = {-24, 24, 36, 152}  # mutmut's codes for a mutant stopped at its time limit (SIGXCPU)
 KILLED = {1, 3, 255} | TIMEOUTS  # a failing test, an internal pytest error, or a timeout
 SURVIVED = 0
+USAGE_ERROR = 4  # pytest could not select a mutant's tests by their ids: counted as a survivor, and reported
 
 
 def equivalent_mutants() -> dict[str, str]:
@@ -245,7 +246,11 @@ def _forked_test_runs() -> None:
 
     def run_tests(self, *, mutant_name, tests):
         asyncio.set_event_loop(asyncio.new_event_loop())
-        return run_in_fork(self, mutant_name=mutant_name, tests=tests)
+        try:
+            return run_in_fork(self, mutant_name=mutant_name, tests=tests)
+        except mutmut_main.BadTestExecutionCommandsException:
+            # Left alone, the exception ends the child with 1, a "kill" no test made.
+            return USAGE_ERROR
 
     mutmut_main.PytestRunner.run_tests = run_tests
     sys.argv = ["mutmut", *sys.argv[2:]]
@@ -311,6 +316,11 @@ def report(modules: list[str], diffs: bool = False) -> bool:
         timeouts = sum(1 for code in results(module).values() if code in TIMEOUTS)
         ok = ok and ratio >= TARGET and checked == total
         print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}{timeouts:>11}")
+        unselectable = sum(1 for code in results(module).values() if code == USAGE_ERROR)
+        if unselectable:
+            ok = False
+            print(f"    {unselectable} mutants' tests could not be selected by their ids (pytest exit 4); they "
+                  "count as survivors: give those tests ids pytest can select")
         changed = survivor_diffs(module, survivors) if diffs else {}
         for name in survivors:
             print(f"    survived: {name}")
