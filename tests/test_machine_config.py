@@ -554,6 +554,7 @@ def test_unset_null_and_empty_fields_are_encoded_as_talos_does(bundle, patch, pa
     ("text!a!s", ""),
     ("flag!a!b", False),
     ("number!a!i", 0),
+    ("mode!a!m", go_yaml.OctalInt(0)),
     ("unstructured!a", {}),
 ])
 def test_an_unset_field_without_omitempty_is_gos_zero_value(layout, zero):
@@ -562,6 +563,30 @@ def test_an_unset_field_without_omitempty_is_gos_zero_value(layout, zero):
     errors = []
     value = mc._zero(field, ("at",), errors)
     assert (value, type(value), errors) == (zero, type(zero), [])
+
+
+def test_a_file_mode_is_written_in_octal_and_a_scalar_in_a_string_field_as_quoted_text(bundle):
+    # Talos's FileMode marshals as `0o644`; Go's decoder keeps a number's or boolean's text in a string
+    # field, which its encoder then quotes (both checked against Talos's machinery in test_talos_oracle).
+    files = [{"content": 1234, "permissions": 420, "path": "/var/a", "op": "create"},
+             {"content": True, "permissions": 0, "path": "/var/b", "op": "create"},
+             {"content": 1.5, "permissions": 0o4755, "path": "/var/c", "op": "create"},
+             {"content": 2**70, "permissions": 0o600, "path": "/var/d", "op": "create"}]
+    text = _render(bundle, "worker", [DISK, {"machine": {"files": files}}])
+    assert ("    files:\n"
+            "        - content: \"1234\"\n          permissions: 0o644\n          path: /var/a\n          op: create\n"
+            "        - content: \"true\"\n          permissions: 0o0\n          path: /var/b\n          op: create\n"
+            "        - content: \"1.5\"\n          permissions: 0o4755\n          path: /var/c\n          op: create\n"
+            f"        - content: \"{2**70}\"\n          permissions: 0o600\n") in text
+    assert [f["permissions"] for f in _v1alpha1(text)["machine"]["files"]] == [420, 0, 0o4755, 0o600]
+
+
+@pytest.mark.parametrize("permissions, got", [("0o644", "a string"), (True, "a boolean"), (4.5, "a number")])
+def test_a_file_mode_that_is_no_integer_is_refused(bundle, permissions, got):
+    files = [{"content": "x", "permissions": permissions, "path": "/var/a", "op": "create"}]
+    with pytest.raises(MachineConfigError) as refused:
+        _render(bundle, "worker", [DISK, {"machine": {"files": files}}])
+    assert str(refused.value).endswith(f"\n  - machine.files[0].permissions: expected an integer, got {got}")
 
 
 def test_inline_manifest_leading_newlines_are_trimmed_like_talos(bundle):

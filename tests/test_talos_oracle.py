@@ -87,8 +87,8 @@ def for_line(config: dict, line: str) -> dict:
 
 
 def user_patches(line: str) -> dict:
-    """Strategic-merge patches at each level a stack holds them: cluster-wide, per role (one a `$patch:
-    delete`), per node (a merge into our own LinkConfig, a new document), in the form the line takes: from
+    """Strategic-merge patches at each level a stack holds them: cluster-wide (before v1.14 one writes a file), per role
+    (one a `$patch: delete`), per node (a merge into our own LinkConfig, a new document), in the form the line takes: from
     v1.14 the settings that left the v1alpha1 document are patched through their documents."""
     if line == "v1.14":
         cluster = [{"apiVersion": "v1alpha1", "kind": "SysctlConfig", "params": {"vm.max_map_count": "262144"}}]
@@ -97,7 +97,11 @@ def user_patches(line: str) -> dict:
         worker = [{"apiVersion": "v1alpha1", "kind": "KubeNodeConfig", "labels": {"storage": "longhorn"}},
                   {"apiVersion": "v1alpha1", "kind": "KubePrismConfig", "$patch": "delete"}]
     else:
-        cluster = [{"machine": {"sysctls": {"vm.max_map_count": "262144"}}}]
+        # A file (deprecated from v1.14), as the stack's JSON holds it: a mode in decimal (Talos writes it
+        # back in octal) and a number for its string content (Talos writes the number's text, quoted).
+        cluster = [{"machine": {"sysctls": {"vm.max_map_count": "262144"}}},
+                   {"machine": {"files": [{"content": 1234, "permissions": 420, "path": "/var/etc/oracle.conf",
+                                           "op": "create"}]}}]
         controlplane = [{"cluster": {"apiServer": {"extraArgs": {"audit-log-maxage": "30"}}}}]
         worker = [{"machine": {"nodeLabels": {"storage": "longhorn"}}},
                   {"machine": {"features": {"hostDNS": {"$patch": "delete"}}}}]
@@ -335,6 +339,15 @@ def test_gen_config_with_our_patches_gives_our_render(rendered, line, name):
             their_order.remove(UNATTENDED_INSTALL)
         # Otherwise the same documents in the same order: a patch's new document goes last on both sides.
         assert our_order == their_order, node.name
+
+
+@pytest.mark.parametrize("line", ["v1.12", "v1.13"])
+def test_a_patched_file_is_written_as_talos_writes_it(rendered, line):
+    # The comparison above reads both sides back, where 420 and 0o644 are one number: the text is checked
+    # here. Talos writes a file mode in octal and a number given for a string field as quoted text.
+    for node in rendered.cases[(line, "dev-user-patches")].nodes:
+        for text in (node.rendered.read_text(), (node.oracle_dir / f"{node.role}.yaml").read_text()):
+            assert "- content: \"1234\"\n          permissions: 0o644\n" in text, node.name
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)

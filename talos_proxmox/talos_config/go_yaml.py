@@ -46,6 +46,10 @@ class GoYamlError(ValueError):
     """A value that Go's marshaller would write in a form this module does not reproduce."""
 
 
+class OctalInt(int):
+    """An integer a Go type marshals as an octal `!!int` (Talos's FileMode writes `0o644`, not 420)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # How a string scalar is styled
 
@@ -249,6 +253,19 @@ def go_float(x: float) -> str:
 # Map key order for Go maps (yaml sorts them with a "natural" order: digit runs compare as numbers)
 
 
+def plain_text(value: None | bool | int | float, path: str) -> str:
+    """How Go writes a null, boolean or number: always a plain scalar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return go_float(value)
+    if not -2**63 <= value < 2**64:
+        raise GoYamlError(f"{path}: integer {value} does not fit in 64 bits")
+    return f"0o{value:o}" if isinstance(value, OctalInt) else str(value)
+
+
 def _wrap_int64(n: int) -> int:
     return (n + 2**63) % 2**64 - 2**63
 
@@ -401,16 +418,8 @@ class _Writer:
         self.pop_indent()
 
     def scalar(self, value: Any, path: str, in_sequence_item: bool, simple_key: bool = False) -> None:
-        if value is None:
-            text, style = "null", PLAIN
-        elif isinstance(value, bool):
-            text, style = ("true" if value else "false"), PLAIN
-        elif isinstance(value, int):
-            if not -2**63 <= value < 2**64:
-                raise GoYamlError(f"{path}: integer {value} does not fit in 64 bits")
-            text, style = str(value), PLAIN
-        elif isinstance(value, float):
-            text, style = go_float(value), PLAIN
+        if value is None or isinstance(value, (bool, int, float)):
+            text, style = plain_text(value, path), PLAIN
         elif isinstance(value, str):
             try:
                 value.encode("utf-8")

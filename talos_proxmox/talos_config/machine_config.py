@@ -49,7 +49,7 @@ import jsonpatch
 import jsonpointer
 import yaml
 
-from talos_proxmox.talos_config import talos_yaml
+from talos_proxmox.talos_config import go_yaml, talos_yaml
 from talos_proxmox.talos_config.document_layout import DOCUMENT_LAYOUT
 from talos_proxmox.talos_config.secrets_bundle import SecretsBundleError
 from talos_proxmox.talos_config.v1alpha1_schema import (
@@ -546,7 +546,7 @@ def _zero_keeps_existing(field, value: Any) -> bool:
         return False
     if field is None:
         return True  # free-form values, and fields of other documents the layout leaves out: plain Go values
-    return not field.pointer and field.scalar in ("s", "i")
+    return not field.pointer and field.scalar in ("s", "i", "m")
 
 
 def _merge_keyed(existing: list, incoming: list, keys: tuple, struct: str | None, path: tuple, label: str) -> list:
@@ -622,7 +622,7 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
                 child = {k: _normalize(child[k], field.struct, here + (k,), errors) for k in sorted(child, key=str)}
         else:
             _check_scalar(field.scalar, child, here, errors)
-            child = _normalize(child, field.struct, here, errors)
+            child = _normalize(_as_field_type(field.scalar, child), field.struct, here, errors)
         if field.always or not _omitted_when_empty(field, child):
             ordered[name] = child
     if struct == "ClusterInlineManifest" and isinstance(ordered.get("contents"), str):
@@ -630,7 +630,7 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
     return ordered
 
 
-_SCALAR_KINDS = {"s": "a string", "b": "true or false", "i": "an integer"}
+_SCALAR_KINDS = {"s": "a string", "b": "true or false", "i": "an integer", "m": "an integer"}
 
 
 def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> None:
@@ -640,11 +640,21 @@ def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> No
         return
     wrong = isinstance(value, (list, dict)) or (
         scalar == "b" and not isinstance(value, bool)) or (
-        scalar == "i" and (isinstance(value, bool) or not isinstance(value, int)))
+        scalar in ("i", "m") and (isinstance(value, bool) or not isinstance(value, int)))
     if wrong:
         got = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value)) \
             or f"a {_kind(value)}"
         errors.append(f"{_dotted(path)}: expected {_SCALAR_KINDS[scalar]}, got {got}")
+
+
+def _as_field_type(scalar: str, value: Any) -> Any:
+    """A scalar as Go's decoder stores it in the field: a string field keeps a number's or boolean's text
+    (so Talos writes `image: "123"` quoted), a file mode is written back in octal."""
+    if scalar == "s" and isinstance(value, (bool, int, float)):
+        return str(value) if type(value) is int else go_yaml.plain_text(value, "")  # any size of integer
+    if scalar == "m" and isinstance(value, int) and not isinstance(value, bool):
+        return go_yaml.OctalInt(value)
+    return value
 
 
 def _zero(field, path: tuple, errors: list[str]) -> Any:
@@ -657,7 +667,7 @@ def _zero(field, path: tuple, errors: list[str]) -> Any:
         return None
     if field.struct:
         return _normalize({}, field.struct, path, errors)
-    return {"s": "", "b": False, "i": 0}.get(field.scalar, {})
+    return {"s": "", "b": False, "i": 0, "m": go_yaml.OctalInt(0)}.get(field.scalar, {})
 
 
 def _omitted_when_empty(field, value: Any) -> bool:
@@ -671,7 +681,7 @@ def _omitted_when_empty(field, value: Any) -> bool:
     if field.struct:
         return value == {}
     return (field.scalar == "s" and value == "") or (field.scalar == "b" and value is False) \
-        or (field.scalar == "i" and value == 0 and value is not False)
+        or (field.scalar in ("i", "m") and value == 0 and value is not False)
 
 
 def _ordered(mapping: Mapping, order: Iterable[str] = ()) -> dict:

@@ -7,8 +7,8 @@ YAML keys in declaration order (Talos re-encodes a patched config in this order)
 lists (`[]`), free-form maps (`{}`) or nested structs (`=Struct`), and flags: `!r` a strategic
 merge replaces the value instead of merging/appending; `!a` always encoded (no omitempty); `!p`
 a pointer (an empty value is still encoded); `!s`/`!b`/`!i` a string/bool/integer scalar (so
-Go's omitempty drops "", false, 0). Keys without a struct or kind are free-form values
-(Unstructured, Args values, URLs, durations).
+Go's omitempty drops "", false, 0), `!m` a file mode (an integer Talos writes in octal). Keys without a
+struct or kind are free-form values (Unstructured, Args values, URLs, durations).
 
 Used to refuse unknown keys (Talos decodes strictly), to order keys like Talos does, and to apply
 the merge rules; no Pulumi, no I/O.
@@ -86,7 +86,7 @@ _LAYOUT = {
         "extensions[]=InstallExtensionConfig bootloader!p!b wipe!a!p!b "
         "legacyBIOSSupport!p!b grubUseUKICmdline!p!b"
     ),
-    "MachineFile": "content!a!s permissions!a!i path!a!s op!a!s",
+    "MachineFile": "content!a!s permissions!a!m path!a!s op!a!s",
     "TimeConfig": "disabled!p!b servers[] bootTimeout",
     "RegistryMirrorConfig": "endpoints[]!a overridePath!p!b skipFallback!p!b",
     "RegistryTLSConfig": "clientIdentity!p ca insecureSkipVerify!p!b",
@@ -211,10 +211,10 @@ class Field:
     replace: bool  # strategic merge replaces the value instead of merging/appending
     always: bool = False  # encoded even when empty (no omitempty)
     pointer: bool = False  # nil-able: an empty value is still a value
-    scalar: str = ""  # "s", "b", "i" for string/bool/integer scalars, "" otherwise
+    scalar: str = ""  # "s", "b", "i", "m" for string/bool/integer/file-mode scalars, "" otherwise
 
 
-_TOKEN = re.compile(r"^(\w+)(\[\]|\{\})?(?:=(\w+))?((?:![rapsbi])*)$")
+_TOKEN = re.compile(r"^(\w+)(\[\]|\{\})?(?:=(\w+))?((?:![rapsbim])*)$")
 
 
 def _parse(layout: dict[str, str]) -> dict[str, dict[str, Field]]:
@@ -224,7 +224,7 @@ def _parse(layout: dict[str, str]) -> dict[str, dict[str, Field]]:
         for token in spec.split():
             name, container, ref, flags = _TOKEN.match(token).groups()
             flags = set(flags.split("!")) - {""}
-            scalar = next((k for k in ("s", "b", "i") if k in flags), "")
+            scalar = next((k for k in ("s", "b", "i", "m") if k in flags), "")
             fields[name] = Field(name, container or "", ref, "r" in flags, "a" in flags, "p" in flags, scalar)
         structs[struct] = fields
     return structs
