@@ -124,8 +124,8 @@ ACCEPTED = [
     ({"cluster.vip": None, "nodes[0].ip": "fd00:10::51/64", "nodes[0].gateway": "fd00:10::1", "cilium.enabled": True,
       "cilium.loadBalancerAddresses": ["fd00:10::60-fd00:10::69"]},
      lambda s: s.cilium.load_balancer_addresses, ("fd00:10::60-fd00:10::69",)),
-    # The oldest and the newest Kubernetes minor Talos v1.13 supports.
-    ({"cluster.kubernetesVersion": "v1.31.0"}, lambda s: s.cluster.kubernetes_version, "v1.31.0"),
+    # The oldest and the newest Kubernetes minor Talos v1.13 supports; a leading "v" is dropped, as talosctl does.
+    ({"cluster.kubernetesVersion": "v1.31.0"}, lambda s: s.cluster.kubernetes_version, "1.31.0"),
     ({"cluster.kubernetesVersion": "1.36.2"}, lambda s: s.cluster.kubernetes_version, "1.36.2"),
     ({"network.mtu": 9000}, lambda s: (s.network.mtu, [n.mtu for n in s.nodes]), (9000, [9000, 9000])),
     ({"proxmox.vmDatastore": "ceph-vm", "proxmox.isoDatastore": "cephfs", "proxmox.isoDatastoreShared": True,

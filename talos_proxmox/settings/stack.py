@@ -421,6 +421,11 @@ def _talos_version(v: Any) -> str:
     return v if v.startswith("v") else f"v{v}"
 
 
+def _kubernetes_version_value(v: Any) -> str:
+    """Without a leading "v", as talosctl takes it: v1.31.0 and 1.31.0 are one version, not a change."""
+    return _version(v).removeprefix("v")
+
+
 def _mapping(v: Any) -> dict:
     if not isinstance(v, Mapping):
         raise TypeError
@@ -588,7 +593,7 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
         talos_version=r.value(s, "talosVersion", "cluster.talosVersion", _talos_version,
                               "is not a supported Talos version (expected v1.12.x, v1.13.x or v1.14.x, e.g. v1.13.7)",
                               default=DEFAULT_TALOS_VERSION),
-        kubernetes_version=r.value(s, "kubernetesVersion", "cluster.kubernetesVersion", _version,
+        kubernetes_version=r.value(s, "kubernetesVersion", "cluster.kubernetesVersion", _kubernetes_version_value,
                                    "is not a Kubernetes version (expected e.g. 1.35.0)", default=None),
         pod_subnets=r.value(s, "podSubnets", "cluster.podSubnets", _cidr_list,
                             "is not a non-empty list of CIDRs", default=("10.244.0.0/16",)),
@@ -1008,7 +1013,7 @@ def _kubernetes_version(r: _Reader, cluster: dict) -> None:
         cluster["kubernetes_version"] = DEFAULT_KUBERNETES_VERSIONS[line]
         return
     low, high = KUBERNETES_RANGES[line]
-    version = tuple(int(x) for x in cluster["kubernetes_version"].lstrip("v").split(".")[:2])
+    version = tuple(int(x) for x in cluster["kubernetes_version"].split(".")[:2])
     if not low <= version <= high:
         r.fail("cluster.kubernetesVersion", cluster["kubernetes_version"],
                f"is not supported by Talos {line} (expected {low[0]}.{low[1]} to {high[0]}.{high[1]})")
