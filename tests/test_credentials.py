@@ -88,6 +88,20 @@ def test_nested_credentials_anywhere_are_flagged_with_a_path_remedy():
     assert all("ssh-pass" not in p and "reg-pass" not in p for p in problems)
 
 
+def test_a_list_under_a_credential_key_is_flagged_item_by_item():
+    problems = plaintext_credentials({
+        "talos-proxmox:cluster": {"patches": [{"machine": {"env": {"HTTP_PROXY": "http://proxy"}}}],
+                                  "registryCredentials": ["user-a:pass-a", "user-b:pass-b"],
+                                  "secret": [["nested-1"]]},
+        "talos-proxmox:nodes": [{"name": "n1", "tags": ["token-looking-value"]}],
+    })
+    assert [p.split(": a credential")[0] for p in problems] == [
+        "talos-proxmox:cluster.registryCredentials[0]", "talos-proxmox:cluster.registryCredentials[1]",
+        "talos-proxmox:cluster.secret[0][0]",
+    ]
+    assert all(s not in "".join(problems) for s in ("pass-a", "pass-b", "nested-1"))
+
+
 def test_runtime_config_secret_keys_pass_plain_ones_raise():
     runtime = {"proxmoxve:apiToken": TOKEN, "proxmoxve:endpoint": "https://pve:8006/",
                "proxmoxve:ssh": '{"username": "root", "password": "ssh-pass"}'}

@@ -66,7 +66,8 @@ def plain_leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 
 def _last_name(path: str) -> str:
-    return re.split(r"[.:\[]", path.rstrip("]"))[-1]
+    """The key a leaf sits under, through list indexes: `x.credentials[1]` sits under `credentials`."""
+    return re.split(r"[.:]", re.sub(r"(\[\d+\])+$", "", path))[-1]
 
 
 def is_credential_name(name: str) -> bool:
