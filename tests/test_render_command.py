@@ -142,9 +142,12 @@ def test_help_explains_the_secrets_bundle():
     ("config:\n  - talos-proxmox:cluster\n", "Pulumi.bad.yaml: config: a list (expected a mapping of '<namespace>:<key>')"),
     ('config:\n  talos-proxmox:cluster: {name: "dev\x07"}\n',
      "Pulumi.bad.yaml:2:37: not valid YAML: unacceptable character #x0007: special characters are not allowed"),
+    # Line and column counted from the file's start, with newlines before and after the character.
+    ('\nconfig:\n  talos-proxmox:cluster: {name: "a\x07"}\n  x: y\n',
+     "Pulumi.bad.yaml:3:35: not valid YAML: unacceptable character #x0007: special characters are not allowed"),
     ("config:\n  talos-proxmox:cluster: {name: Z\u00fcrich}\n".encode("latin-1"),
      "Pulumi.bad.yaml: not UTF-8 text (byte 0xfc at offset 41)"),
-], ids=["unclosed-flow", "tab", "list", "config-list", "control-character", "latin-1"])
+], ids=["unclosed-flow", "tab", "list", "config-list", "control-character", "control-character-line-3", "latin-1"])
 def test_a_malformed_stack_file_is_one_line_naming_file_and_line(tmp_path, capsys, text, message):
     stacks = tmp_path / "stacks"
     stacks.mkdir()

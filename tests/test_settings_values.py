@@ -131,6 +131,13 @@ def test_address_block_range_is_the_first_and_last_address(block, first, last):
     assert tuple(map(str, address_block_range(block))) == (first, last)
 
 
+@pytest.mark.parametrize("block", ["10.10.0.61/30", "10.10.0.60-10.10.0.61-10.10.0.62", "fd00:10::60%eth0-fd00:10::69",
+                                   "fd00:10::60-fd00:10::69%eth0", "fd00:10::%eth0/64", "10.10.0.60-", "x"])
+def test_address_block_range_refuses_what_is_no_pool_block(block):
+    with pytest.raises(ValueError):
+        address_block_range(block)
+
+
 # ---------------------------------------------------------------- namespaces
 
 def test_other_providers_namespaces_are_not_misspellings():
@@ -149,6 +156,12 @@ def test_the_namespace_is_what_comes_before_the_first_colon():
 # ---------------------------------------------------------------- load_stack: the whole stack
 
 DEV = stack_file_values(str(REPO / "stacks" / "Pulumi.dev.yaml"))
+
+
+def test_a_stack_file_that_cannot_be_read_is_one_line_with_the_systems_reason(tmp_path):
+    with pytest.raises(SettingsError) as err:
+        stack_file_values(str(tmp_path))  # a directory
+    assert err.value.problems == [f"{tmp_path}: cannot be read (Is a directory)"]
 
 
 def dev_stack(keys: dict) -> StackConfig:

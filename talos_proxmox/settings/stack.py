@@ -805,13 +805,15 @@ def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
 
 
 def address_block_range(block: str) -> tuple[Any, Any]:
-    """First and last address of a CIDR (10.10.0.60/30) or a range (10.10.0.60-10.10.0.69)."""
+    """First and last address of a CIDR (10.10.0.60/30) or a range (10.10.0.60-10.10.0.69); ValueError for
+    anything else: a CIDR with host bits set (ip_network is strict by default), or an IPv6 zone id
+    (fd00::1%eth0), which no pool address has."""
+    if "%" in block:
+        raise ValueError
     if "-" in block:
-        start, stop = (ipaddress.ip_address(part.strip()) for part in block.split("-", 1))
-        if getattr(start, "scope_id", None) or getattr(stop, "scope_id", None):
-            raise ValueError(f"{block}: a zone id (%...) does not belong in a pool address")
+        start, stop = (ipaddress.ip_address(part.strip()) for part in block.split("-"))
         return start, stop
-    net = ipaddress.ip_network(block, strict=True)
+    net = ipaddress.ip_network(block)
     return net.network_address, net.broadcast_address
 
 
@@ -1155,20 +1157,18 @@ def stack_file_values(path: str) -> dict[str, Any]:
         raise SettingsError([f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"]) \
             from None
     except OSError as exc:
-        raise SettingsError([f"{path}: cannot be read ({exc.strerror or type(exc).__name__})"]) from None
+        raise SettingsError([f"{path}: cannot be read ({exc.strerror})"]) from None
     try:
         document = yaml.safe_load(text)
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow; it knows only the offset
-        line = text.count("\n", 0, exc.position) + 1
-        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        before = text[:exc.position]
+        line, column = before.count("\n") + 1, exc.position - before.rfind("\n")
         raise SettingsError([f"{path}:{line}:{column}: not valid YAML: unacceptable character "
                              f"#x{exc.character:04x}: {exc.reason}"]) from None
-    except yaml.MarkedYAMLError as exc:
+    except yaml.MarkedYAMLError as exc:  # every other error of PyYAML's loader
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else path
         raise SettingsError([f"{where}: not valid YAML: {exc.problem or exc.context}"]) from None
-    except yaml.YAMLError as exc:
-        raise SettingsError([f"{path}: not valid YAML: {exc}"]) from None
     if document is None:
         document = {}
     if not isinstance(document, dict):
