@@ -370,6 +370,17 @@ def test_a_parsed_patch_shares_nothing_with_the_callers_patch_or_an_earlier_pars
     ({"machine": {"network": {"interfaces": [{"interface": "eth0", "mtu": 1400},
                                              {"interface": "eth1", "dhcpOptions": {"$patch": "delete"}}]}}},
      "patch 1: cannot delete the inner key machine.network.interfaces[1].dhcpOptions"),
+    # An item merged into its match by key is named by the match's index.
+    ({"machine": {"network": {"interfaces": [{"deviceSelector": {"hardwareAddr": "bc:24:11:00:00:01"},
+                                              "addresses": {"a": 1}}]}}},
+     "patch 1: machine.network.interfaces[1].addresses is a mapping in the patch but a list in the config; "
+     "expected a list"),
+    ({"machine": {"network": {"interfaces": [{"interface": "eth0", "vlans": [{"vlanId": 10, "dhcp": {"on": True}}]}]}}},
+     "patch 1: machine.network.interfaces[0].vlans[0].dhcp is a mapping in the patch but a scalar in the config; "
+     "expected a scalar"),
+    # Talos refuses it too ("searching for complex paths in slices is not supported"), checked with its machinery.
+    ({"machine": {"network": {"interfaces": [{"interface": "eth0", "vlans": [{"vlanId": 10, "$patch": "delete"}]}]}}},
+     "patch 1: cannot delete an item of the inner list machine.network.interfaces[0].vlans"),
     # shapes
     ({"machine": {"install": "/dev/sda"}},
      "patch 1: machine.install is a scalar in the patch but a mapping in the config; expected a mapping"),
@@ -383,7 +394,7 @@ def test_a_parsed_patch_shares_nothing_with_the_callers_patch_or_an_earlier_pars
      "patch 1: machine.registries.mirrors.docker.io.endpoints is a scalar in the patch but a list in the config; "
      "expected a list"),
     ({"machine": {"network": {"interfaces": [{"interface": "eth0", "vlans": {"vlanId": 20}}]}}},
-     "patch 1: machine.network.interfaces.vlans is a mapping in the patch but a list in the config; expected a list"),
+     "patch 1: machine.network.interfaces[0].vlans is a mapping in the patch but a list in the config; expected a list"),
 ])
 def test_a_patch_that_cannot_apply_is_refused_naming_it_and_the_place(patch, expected):
     assert refusal(patch) == expected

@@ -456,6 +456,9 @@ def _collect_deletes(node: Any, path: tuple, label: str) -> list[tuple[tuple, An
                 kept = []
                 for item in value:
                     if isinstance(item, dict) and item.get(_PATCH_DELETE) == "delete":
+                        if any(isinstance(p, int) for p in path):  # Talos: no complex paths in slices
+                            raise MachineConfigError(f"{label}: cannot delete an item of the inner list "
+                                                     f"{_dotted(path + (key,))}")
                         others = [(k, v) for k, v in item.items() if k != _PATCH_DELETE]
                         if not others:
                             raise MachineConfigError(f"{label}: $patch: delete in list {_dotted(path + (key,))} needs "
@@ -556,9 +559,9 @@ def _merge_keyed(existing: list, incoming: list, keys: tuple, struct: str | None
         if isinstance(item, dict):
             key = next((k for k in keys if item.get(k) not in (None, "")), None)
             if key is not None:
-                match = next((e for e in result if isinstance(e, dict) and e.get(key) == item[key]), None)
+                match = next((i for i, e in enumerate(result) if isinstance(e, dict) and e.get(key) == item[key]), None)
         if match is not None:
-            _merge(match, item, struct, path, label)
+            _merge(result[match], item, struct, path + (match,), label)
         else:
             result.append(copy.deepcopy(item))
     return result
