@@ -18,7 +18,8 @@ modules never share mutmut's state. mutmut itself forgets every result when it r
 run is a full run; `--survivors` retests the last survivors, timeouts and mutants not reached, plus
 every mutant of a function changed since, and keeps the other results (`retest`). The score
 is killed / (checked - equivalent), where equivalent mutants are the ones `tests/data/
-equivalent_mutants.txt` lists, each with why no test can tell it from the original. Survivors are
+equivalent_mutants.txt` lists, each with why no test can tell it from the original and a stamp of the
+mutation so judged (`--stamp` writes missing ones; a renumbered mutant no longer matches). Survivors are
 printed with `mutmut show`'s name, to read with `(cd .mutation/<module> && mutmut show <name>)`.
 """
 
@@ -74,16 +75,52 @@ SURVIVED = 0
 USAGE_ERROR = 4  # pytest could not select a mutant's tests by their ids: counted as a survivor, and reported
 
 
-def equivalent_mutants() -> dict[str, str]:
-    """mutant name -> why it is equivalent, from the `name: reason` lines of EQUIVALENT."""
+def equivalent_mutants() -> dict[str, tuple[str, str]]:
+    """mutant name -> (stamp, why it is equivalent), from the `name [stamp]: reason` lines of EQUIVALENT.
+
+    mutmut numbers a function's mutants afresh when the function changes, so a name can come to mean
+    another mutation; the stamp (`mutation_stamp`) is of the mutation that was judged equivalent, and
+    an entry whose mutant no longer has it is stale: it counts as any other mutant until judged again."""
     if not EQUIVALENT.exists():
         return {}
     found = {}
     for line in EQUIVALENT.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            name, _, reason = line.partition(": ")
-            found[name.strip()] = reason.strip()
+            head, _, reason = line.partition(": ")
+            name, _, stamp = head.partition(" ")
+            found[name.strip()] = (stamp.strip("[] "), reason.strip())
     return found
+
+
+def mutation_stamp(changed_lines: list[str]) -> str:
+    """A short fingerprint of a mutant's changed lines (survivor_diffs), whatever its number."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(changed_lines).encode()).hexdigest()[:10]
+
+
+def judged_equivalent(module: str, equivalent: dict[str, tuple[str, str]]) -> tuple[set[str], list[str]]:
+    """(the module's listed mutants that are still the mutation judged, the stale ones) of its last run."""
+    names = [name for name in equivalent if name in results(module)]
+    diffs = survivor_diffs(module, names)
+    still = {name for name in names if equivalent[name][0] == mutation_stamp(diffs[name])}
+    return still, sorted(set(names) - still)
+
+
+def stamp_equivalents(modules: list[str]) -> None:
+    """Write the stamp of every listed mutant of `modules` that has none yet, printing what each one
+    changes, so the judgement and the stamp are of the same mutation."""
+    equivalent = equivalent_mutants()
+    lines = EQUIVALENT.read_text().splitlines()
+    for module in modules:
+        names = [name for name in equivalent if name in results(module) and not equivalent[name][0]]
+        diffs = survivor_diffs(module, names)
+        for index, line in enumerate(lines):
+            name = line.partition(": ")[0].strip()
+            if name in diffs:
+                lines[index] = f"{name} [{mutation_stamp(diffs[name])}]: {equivalent[name][1]}"
+                print(f"stamped {name}: {' / '.join(diffs[name])}")
+    EQUIVALENT.write_text("\n".join(lines) + "\n")
 
 
 def _setup_cfg(files: list[str], tests: list[str]) -> str:
@@ -164,7 +201,7 @@ def _function_changes(module: str) -> tuple[set[str], set[str]]:
     return unchanged, changed
 
 
-def retest(module: str, children: int, equivalent: dict[str, str]) -> None:
+def retest(module: str, children: int, equivalent: dict[str, tuple[str, str]]) -> None:
     """Retest the last run's survivors, timeouts (on a loaded machine a mutant's tests can pass the
     time limit without the mutant looping, so a timeout counts as a kill only once a quiet rerun
     confirms it) and mutants it did not reach (a run stopped part-way resumes), and every mutant of a
@@ -267,13 +304,14 @@ def results(module: str) -> dict[str, int | None]:
     return exit_codes
 
 
-def score(module: str, equivalent: dict[str, str]) -> tuple[int, int, int, int, list[str]]:
+def score(module: str, equivalent: dict[str, tuple[str, str]]) -> tuple[int, int, int, int, list[str]]:
     """(mutants, checked, equivalent, killed, survivors) of the module's last run; a run stopped part-way
     leaves mutants not checked, which count neither way."""
     exit_codes = results(module)
+    still, _stale = judged_equivalent(module, equivalent)
     checked = {name: code for name, code in exit_codes.items() if code is not None}
-    same = [name for name in checked if name in equivalent]
-    counted = {name: code for name, code in checked.items() if name not in equivalent}
+    same = [name for name in checked if name in still]
+    counted = {name: code for name, code in checked.items() if name not in still}
     survivors = sorted(name for name, code in counted.items() if code not in KILLED)
     return len(exit_codes), len(checked), len(same), len(counted) - len(survivors), survivors
 
@@ -316,6 +354,10 @@ def report(modules: list[str], diffs: bool = False) -> bool:
         timeouts = sum(1 for code in results(module).values() if code in TIMEOUTS)
         ok = ok and ratio >= TARGET and checked == total
         print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}{timeouts:>11}")
+        for name in judged_equivalent(module, equivalent)[1]:
+            ok = False
+            print(f"    stale equivalent: {name} (not the mutation judged equivalent, or not yet stamped: judge "
+                  "it again, drop its stamp and run --stamp)")
         unselectable = sum(1 for code in results(module).values() if code == USAGE_ERROR)
         if unselectable:
             ok = False
@@ -342,13 +384,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diffs", action="store_true", help="with each survivor, the lines its mutation changed")
     parser.add_argument("--survivors", action="store_true",
                         help="retest the last run's survivors and timeouts, and changed functions; keep the rest")
+    parser.add_argument("--stamp", action="store_true",
+                        help="stamp the listed equivalent mutants that have no stamp with their mutation, then report")
     parser.add_argument("--children", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
     args = parser.parse_args(argv)
     unknown = [module for module in args.modules if module not in MODULES]
     if unknown:
         parser.error(f"no module {', '.join(unknown)}; expected one of {', '.join(MODULES)}")
     modules = args.modules or list(MODULES)
-    if not args.report:
+    if args.stamp:
+        stamp_equivalents(modules)
+    elif not args.report:
         equivalent = equivalent_mutants()
         for module in modules:
             if args.survivors:
