@@ -102,6 +102,8 @@ def mutation_stamp(changed_lines: list[str]) -> str:
 def judged_equivalent(module: str, equivalent: dict[str, tuple[str, str]]) -> tuple[set[str], list[str]]:
     """(the module's listed mutants that are still the mutation judged, the stale ones) of its last run."""
     names = [name for name in equivalent if name in results(module)]
+    if not names:  # not run here, or nothing listed
+        return set(), []
     diffs = survivor_diffs(module, names)
     still = {name for name in names if equivalent[name][0] == mutation_stamp(diffs[name])}
     return still, sorted(set(names) - still)
