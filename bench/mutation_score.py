@@ -218,6 +218,9 @@ def retest(module: str, children: int, equivalent: dict[str, tuple[str, str]]) -
     doubtful = [name for name in score(module, equivalent)[4]
                 + [n for n, code in before.items() if code is None or code in TIMEOUTS]
                 if function(name) in unchanged]
+    # mutmut keeps which tests cover which function from its last run; new tests and new functions
+    # would be missing from it (a new function's mutants then "have no tests"), so it is collected again.
+    (WORK / module / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     run(module, children, doubtful + [f"{name}__mutmut_*" for name in sorted(changed)])
     for path in MODULES[module][0]:
         meta = WORK / module / "mutants" / (path + ".meta")
