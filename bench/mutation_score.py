@@ -116,7 +116,7 @@ def stamp_equivalents(modules: list[str]) -> None:
     lines = EQUIVALENT.read_text().splitlines()
     for module in modules:
         names = [name for name in equivalent if name in results(module) and not equivalent[name][0]]
-        diffs = survivor_diffs(module, names)
+        diffs = survivor_diffs(module, names) if names else {}  # a module not run here has no mutants
         for index, line in enumerate(lines):
             name = line.partition(": ")[0].strip()
             if name in diffs:
@@ -309,16 +309,16 @@ def results(module: str) -> dict[str, int | None]:
     return exit_codes
 
 
-def score(module: str, equivalent: dict[str, tuple[str, str]]) -> tuple[int, int, int, int, list[str]]:
-    """(mutants, checked, equivalent, killed, survivors) of the module's last run; a run stopped part-way
-    leaves mutants not checked, which count neither way."""
+def score(module: str, equivalent: dict[str, tuple[str, str]]) -> tuple[int, int, int, int, list[str], list[str]]:
+    """(mutants, checked, equivalent, killed, survivors, stale equivalents) of the module's last run; a run
+    stopped part-way leaves mutants not checked, which count neither way."""
     exit_codes = results(module)
-    still, _stale = judged_equivalent(module, equivalent)
+    still, stale = judged_equivalent(module, equivalent)
     checked = {name: code for name, code in exit_codes.items() if code is not None}
     same = [name for name in checked if name in still]
     counted = {name: code for name, code in checked.items() if name not in still}
     survivors = sorted(name for name, code in counted.items() if code not in KILLED)
-    return len(exit_codes), len(checked), len(same), len(counted) - len(survivors), survivors
+    return len(exit_codes), len(checked), len(same), len(counted) - len(survivors), survivors, stale
 
 
 def survivor_diffs(module: str, names: list[str]) -> dict[str, list[str]]:
@@ -350,7 +350,7 @@ def report(modules: list[str], diffs: bool = False) -> bool:
           f"{'timed out':>11}")
     ok = True
     for module in modules:
-        total, checked, same, killed, survivors = score(module, equivalent)
+        total, checked, same, killed, survivors, stale = score(module, equivalent)
         if not checked:
             print(f"{module:<12}{'not run':>9}")
             ok = False
@@ -359,7 +359,7 @@ def report(modules: list[str], diffs: bool = False) -> bool:
         timeouts = sum(1 for code in results(module).values() if code in TIMEOUTS)
         ok = ok and ratio >= TARGET and checked == total
         print(f"{module:<12}{total:>9}{checked:>9}{same:>12}{killed:>8}{ratio:>8.1%}{timeouts:>11}")
-        for name in judged_equivalent(module, equivalent)[1]:
+        for name in stale:
             ok = False
             print(f"    stale equivalent: {name} (not the mutation judged equivalent, or not yet stamped: judge "
                   "it again, drop its stamp and run --stamp)")

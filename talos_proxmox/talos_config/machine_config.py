@@ -549,7 +549,7 @@ def _zero_keeps_existing(field, value: Any) -> bool:
         return False
     if field is None:
         return True  # free-form values, and fields of other documents the layout leaves out: plain Go values
-    return not field.pointer and field.scalar in ("s", "i", "m")
+    return not field.pointer and (field.scalar == "s" or field.scalar in INTEGER_SCALARS)
 
 
 def _merge_keyed(existing: list, incoming: list, keys: tuple, struct: str | None, path: tuple, label: str) -> list:
@@ -634,6 +634,7 @@ def _normalize(value: Any, struct: str | None, path: tuple, errors: list[str]) -
 
 
 _SCALAR_KINDS = {"s": "a string", "b": "true or false", "i": "an integer", "m": "an integer"}
+INTEGER_SCALARS = ("i", "m")  # a file mode is an integer that Talos writes in octal
 
 
 def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> None:
@@ -643,7 +644,7 @@ def _check_scalar(scalar: str, value: Any, path: tuple, errors: list[str]) -> No
         return
     wrong = isinstance(value, (list, dict)) or (
         scalar == "b" and not isinstance(value, bool)) or (
-        scalar in ("i", "m") and (isinstance(value, bool) or not isinstance(value, int)))
+        scalar in INTEGER_SCALARS and (isinstance(value, bool) or not isinstance(value, int)))
     if wrong:
         got = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value)) \
             or f"a {_kind(value)}"
@@ -684,7 +685,7 @@ def _omitted_when_empty(field, value: Any) -> bool:
     if field.struct:
         return value == {}
     return (field.scalar == "s" and value == "") or (field.scalar == "b" and value is False) \
-        or (field.scalar in ("i", "m") and value == 0 and value is not False)
+        or (field.scalar in INTEGER_SCALARS and value == 0 and value is not False)
 
 
 def _ordered(mapping: Mapping, order: Iterable[str] = ()) -> dict:
