@@ -232,6 +232,16 @@ def test_the_refusal_names_what_each_peer_answered(cluster, credentials):
                             "state delete) instead.")
 
 
+def test_a_peer_whose_removal_keeps_failing_is_named_with_the_member_in_the_refusal(cluster, credentials):
+    nodes, fakes = cluster
+    for name in ("cp-2", "cp-3"):
+        fakes[name].go_down()
+    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", grpc.StatusCode.UNAVAILABLE, "etcd leader changed", times=100)
+    with pytest.raises(RemovalError) as refused:
+        _remove(nodes, credentials, "cp-2")
+    assert "removed it (cp-1: remove etcd member a2 via cp-1: gave up after 0.5s" in str(refused.value)
+
+
 def test_the_refusal_without_any_peer_says_so(cluster, credentials):
     nodes, fakes = cluster
     fakes["cp-2"].go_down()
@@ -287,10 +297,11 @@ HUNG_CALLS = [
     ("cp-2", "cp-2", "EtcdLeaveCluster", None, ["etcd-remove-member via cp-1", "reset", "down"]),
     ("cp-2", "cp-1", "EtcdRemoveMemberByID", "EtcdLeaveCluster", ["etcd-remove-member via cp-3", "reset", "down"]),
     ("cp-2", "cp-1", "Version", "EtcdLeaveCluster", ["etcd-remove-member via cp-3", "reset", "down"]),
+    ("cp-2", "cp-1", "EtcdMemberList", "EtcdLeaveCluster", ["etcd-remove-member via cp-3", "reset", "down"]),
 ]
 
 
-@pytest.mark.parametrize("removed, hung, rpc, failing, steps", HUNG_CALLS, ids=[c[2] for c in HUNG_CALLS])
+@pytest.mark.parametrize("removed, hung, rpc, failing, steps", HUNG_CALLS, ids=[f"{c[1]}-{c[2]}" for c in HUNG_CALLS])
 def test_each_call_is_bounded_by_the_time_left_not_the_clients_own(cluster, credentials, removed, hung, rpc,
                                                                     failing, steps):
     nodes, fakes = cluster
