@@ -606,9 +606,12 @@ def test_a_node_still_unhealthy_at_the_deadline_is_named_with_every_problem(clus
     nodes, fakes = cluster
     cp1 = next(n for n in nodes if n.name == "cp-1")
     fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname != "cp-1"]
-    clock = FakeClock()  # moves only when the wait sleeps: no call is cut short by the deadline
+    # The clock moves only when the wait sleeps, and whole-second sleeps leave the last check a full second
+    # of real time for its calls (with FAST's 0.1 s the last one had 37 ms, too little on a loaded machine).
+    clock, seconds = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0)
     with _client(credentials, cp1) as client, pytest.raises(RollError) as failed:
-        wait_healthy(client, cp1, timeout=5, backoff=FAST, sleep=clock.sleep, clock=clock)
+        wait_healthy(client, cp1, timeout=5, backoff=seconds, sleep=clock.sleep, clock=clock)
+    assert clock.slept == [1.0] * 4
     assert str(failed.value) == (
         "node cp-1 (10.5.0.1): not healthy after 5s: etcd member on cp-1: no member has a URL on 10.5.0.1; "
         "etcd members consistent on cp-2: lists members [101, 102, 103], cp-1 lists [102, 103]; "
