@@ -185,6 +185,21 @@ def test_a_node_that_accepts_the_upgrade_but_never_reboots_is_reported(cluster, 
     assert f"still running Talos {OLD}; waiting for it to reboot" in str(failed.value)
 
 
+def test_an_undelivered_upgrade_request_is_retried_with_the_given_backoff_clock_and_sleep(cluster, credentials):
+    nodes, fakes = cluster
+    clock, seconds, asked_at = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0), []
+
+    def refused_twice(_node, _request, context):
+        asked_at.append(clock.now)
+        if len(asked_at) < 3:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
+    fakes["worker-1"].behaviours["Upgrade"] = refused_twice
+    with pytest.raises(RollError, match="did not reboot into the upgrade within"):  # the stand-in never reboots
+        _upgrade(credentials, _worker(nodes), timeout=10, backoff=seconds, sleep=clock.sleep, clock=clock)
+    assert [b - a for a, b in zip(asked_at, asked_at[1:])] == [1.0, 1.0]
+
+
 def test_permission_denied_while_waiting_for_the_reboot_stops_at_once_naming_the_node(cluster, credentials):
     nodes, fakes = cluster
     fake = fakes["worker-1"]
