@@ -619,5 +619,7 @@ class FakeTalosNode:
             self.installed_tag = self._image_tag(image, self.version_tag)
             yield progress(message="upgrade completed")
         else:
-            yield progress(message="failed to write the boot partition")
+            for message in ("checking the install disk", "partitioning the install disk",
+                            "failed to write the boot partition"):
+                yield progress(message=message)
         yield progress(exit_code=self.installer_exit_code)

@@ -400,8 +400,8 @@ def test_a_failed_install_stops_before_the_drain_and_the_reboot_naming_the_exit_
     with pytest.raises(RollError) as failed:
         _current_upgrade(credentials, nodes, kube, "cp-1")
     assert str(failed.value) == (f"node cp-1 (10.5.0.1): the installer {NEXT_IMAGE} exited with code 1; the node "
-                                 f"still runs its old version; it said: installing {NEXT_IMAGE} | failed to write "
-                                 f"the boot partition")
+                                 "still runs its old version; it said: checking the install disk | partitioning "
+                                 "the install disk | failed to write the boot partition")  # its last three lines
     assert _timeline(fakes, kube) == [("cp-1", "ImageService/Pull"), ("cp-1", "LifecycleService/Upgrade")]
     assert fakes["cp-1"].version_tag == CURRENT and fakes["cp-1"].is_up
 
@@ -543,6 +543,15 @@ def test_a_hung_pull_is_bounded_by_the_upgrades_time_left(current_cluster):
     fakes["worker-1"].delays["ImageService/Pull"] = 10.0
     started = time.monotonic()
     with pytest.raises(RollError, match="pulling the installer"):
+        _current_upgrade(credentials, nodes, kube, "worker-1", timeout=1.5)
+    assert time.monotonic() - started < 4.5  # not the client's own 5 s per call
+
+
+def test_a_hung_install_is_bounded_by_the_upgrades_time_left(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    fakes["worker-1"].delays["LifecycleService/Upgrade"] = 10.0
+    started = time.monotonic()
+    with pytest.raises(RollError, match=f"installing {NEXT_IMAGE} failed"):
         _current_upgrade(credentials, nodes, kube, "worker-1", timeout=1.5)
     assert time.monotonic() - started < 4.5  # not the client's own 5 s per call
 
