@@ -200,6 +200,19 @@ def test_an_undelivered_upgrade_request_is_retried_with_the_given_backoff_clock_
     assert [b - a for a, b in zip(asked_at, asked_at[1:])] == [1.0, 1.0]
 
 
+def test_an_upgrade_request_never_delivered_is_given_up_on_by_the_given_clock(cluster, credentials):
+    nodes, fakes = cluster
+    clock, seconds, asked_at = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0), []
+
+    def refused(_node, _request, context):
+        asked_at.append(clock.now)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    fakes["worker-1"].behaviours["Upgrade"] = refused
+    with pytest.raises(RollError, match=r"^node worker-1 \(10\.5\.0\.11\): "):
+        _upgrade(credentials, _worker(nodes), timeout=5, backoff=seconds, sleep=clock.sleep, clock=clock)
+    assert asked_at == [0.0, 1.0, 2.0, 3.0, 4.0]  # the roll's 5 s on that clock, not in real time
+
+
 def test_permission_denied_while_waiting_for_the_reboot_stops_at_once_naming_the_node(cluster, credentials):
     nodes, fakes = cluster
     fake = fakes["worker-1"]
