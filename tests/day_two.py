@@ -18,6 +18,9 @@ from tests import seed_cluster as seed
 from tests.talos_api_server import FakeTalosNode, client_credentials
 
 FAST = Backoff(initial=0.02, factor=1.5, maximum=0.1)
+# With a FakeClock, whole-second sleeps leave each call of a wait at least a second of real time, where
+# FAST's last attempt before the deadline may get a few milliseconds.
+SECONDS = Backoff(initial=1.0, factor=1.0, maximum=1.0)
 
 
 # Fixtures for test modules that import them.

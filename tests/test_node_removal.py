@@ -216,14 +216,19 @@ def test_a_control_plane_back_in_maintenance_mode_is_removed_elsewhere_and_not_r
     assert _remove(nodes, credentials, "cp-3") == ["etcd-remove-member via cp-1", "reset-skipped-unreachable"]
 
 
-def test_the_refusal_names_what_each_peer_answered(cluster, credentials):
+def _refusal_when_cp1_cannot_remove(cluster, credentials, code, details):
+    """The message removing cp-2 fails with when cp-2 and cp-3 are down and cp-1's removal keeps failing."""
     nodes, fakes = cluster
     for name in ("cp-2", "cp-3"):
         fakes[name].go_down()
-    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", grpc.StatusCode.PERMISSION_DENIED, "not allowed", times=5)
+    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", code, details, times=100)
     with pytest.raises(RemovalError) as refused:
         _remove(nodes, credentials, "cp-2")
-    message = str(refused.value)
+    return str(refused.value)
+
+
+def test_the_refusal_names_what_each_peer_answered(cluster, credentials):
+    message = _refusal_when_cp1_cannot_remove(cluster, credentials, grpc.StatusCode.PERMISSION_DENIED, "not allowed")
     assert message.startswith("node cp-2 (10.5.0.2): its etcd member could not be removed; the node cannot leave by "
                               "itself and no other control plane removed it (cp-1: ")
     assert "not allowed" in message and "; cp-3: etcd members via cp-3: gave up after 0.5s" in message
@@ -233,13 +238,8 @@ def test_the_refusal_names_what_each_peer_answered(cluster, credentials):
 
 
 def test_a_peer_whose_removal_keeps_failing_is_named_with_the_member_in_the_refusal(cluster, credentials):
-    nodes, fakes = cluster
-    for name in ("cp-2", "cp-3"):
-        fakes[name].go_down()
-    fakes["cp-1"].fail_next("EtcdRemoveMemberByID", grpc.StatusCode.UNAVAILABLE, "etcd leader changed", times=100)
-    with pytest.raises(RemovalError) as refused:
-        _remove(nodes, credentials, "cp-2")
-    assert "removed it (cp-1: remove etcd member a2 via cp-1: gave up after 0.5s" in str(refused.value)
+    message = _refusal_when_cp1_cannot_remove(cluster, credentials, grpc.StatusCode.UNAVAILABLE, "etcd leader changed")
+    assert "removed it (cp-1: remove etcd member a2 via cp-1: gave up after 0.5s" in message
 
 
 def test_the_refusal_without_any_peer_says_so(cluster, credentials):

@@ -15,7 +15,7 @@ from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from tests import seed_cluster as seed
-from tests.day_two import (FAST, FakeClock, bundle, credentials, stand_in_cluster, stop_all,  # noqa: F401 - fixtures
+from tests.day_two import (FAST, SECONDS, FakeClock, bundle, credentials, stand_in_cluster, stop_all,  # noqa: F401 - fixtures
                            upgrade_timeline)
 from tests.kube_stand_in import StandInApi, coredns, node as k8s_node, workload_pod
 from tests.talos_api_server import FakeTalosNode
@@ -187,7 +187,7 @@ def test_a_node_that_accepts_the_upgrade_but_never_reboots_is_reported(cluster, 
 
 def test_an_undelivered_upgrade_request_is_retried_with_the_given_backoff_clock_and_sleep(cluster, credentials):
     nodes, fakes = cluster
-    clock, seconds, asked_at = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0), []
+    clock, asked_at = FakeClock(), []
 
     def refused_twice(_node, _request, context):
         asked_at.append(clock.now)
@@ -196,20 +196,20 @@ def test_an_undelivered_upgrade_request_is_retried_with_the_given_backoff_clock_
         return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
     fakes["worker-1"].behaviours["Upgrade"] = refused_twice
     with pytest.raises(RollError, match="did not reboot into the upgrade within"):  # the stand-in never reboots
-        _upgrade(credentials, _worker(nodes), timeout=10, backoff=seconds, sleep=clock.sleep, clock=clock)
+        _upgrade(credentials, _worker(nodes), timeout=10, backoff=SECONDS, sleep=clock.sleep, clock=clock)
     assert [b - a for a, b in zip(asked_at, asked_at[1:])] == [1.0, 1.0]
 
 
 def test_an_upgrade_request_never_delivered_is_given_up_on_by_the_given_clock(cluster, credentials):
     nodes, fakes = cluster
-    clock, seconds, asked_at = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0), []
+    clock, asked_at = FakeClock(), []
 
     def refused(_node, _request, context):
         asked_at.append(clock.now)
         context.abort(grpc.StatusCode.UNAVAILABLE, "connection refused")
     fakes["worker-1"].behaviours["Upgrade"] = refused
     with pytest.raises(RollError, match=r"^node worker-1 \(10\.5\.0\.11\): "):
-        _upgrade(credentials, _worker(nodes), timeout=5, backoff=seconds, sleep=clock.sleep, clock=clock)
+        _upgrade(credentials, _worker(nodes), timeout=5, backoff=SECONDS, sleep=clock.sleep, clock=clock)
     assert asked_at == [0.0, 1.0, 2.0, 3.0, 4.0]  # the roll's 5 s on that clock, not in real time
 
 
@@ -643,11 +643,9 @@ def test_a_node_still_unhealthy_at_the_deadline_is_named_with_every_problem(clus
     nodes, fakes = cluster
     cp1 = next(n for n in nodes if n.name == "cp-1")
     fakes["cp-1"].etcd_members = [m for m in fakes["cp-1"].etcd_members if m.hostname != "cp-1"]
-    # The clock moves only when the wait sleeps, and whole-second sleeps leave the last check a full second
-    # of real time for its calls (with FAST's 0.1 s the last one had 37 ms, too little on a loaded machine).
-    clock, seconds = FakeClock(), Backoff(initial=1.0, factor=1.0, maximum=1.0)
+    clock = FakeClock()  # with SECONDS, not FAST: FAST's last check had 37 ms of real time, too little under load
     with _client(credentials, cp1) as client, pytest.raises(RollError) as failed:
-        wait_healthy(client, cp1, timeout=5, backoff=seconds, sleep=clock.sleep, clock=clock)
+        wait_healthy(client, cp1, timeout=5, backoff=SECONDS, sleep=clock.sleep, clock=clock)
     assert clock.slept == [1.0] * 4
     assert str(failed.value) == (
         "node cp-1 (10.5.0.1): not healthy after 5s: etcd member on cp-1: no member has a URL on 10.5.0.1; "
