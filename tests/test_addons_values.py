@@ -120,17 +120,14 @@ def test_seed_stack_gives_the_seed_cilium_values_with_pod_dns_fixed():
 def test_seed_stack_gives_the_seed_ccm_values_spread_over_control_planes():
     values = ccm_values(load_settings(raw_stack()))
     assert values == seed_ccm_values()
-    assert "useDaemonSet" not in values
+    assert "daemonSet" not in values
 
 
 def test_node_ipam_runs_the_ccm_as_a_host_network_daemonset_tolerating_not_ready_nodes():
     """The CCM allocates pod CIDRs; Cilium needs them; so the CCM must not need Cilium's pod network."""
     values = ccm_values(settings_with(ccm={"nodeIpam": {"maskSizeIpv4": 24}}))
-    assert values["useDaemonSet"] is True  # the chart's DaemonSet mode: hostNetwork on control planes
-    assert values["tolerations"] == [
-        {"effect": "NoSchedule", "key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
-        {"effect": "NoSchedule", "key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"},
-        {"effect": "NoSchedule", "key": "node.kubernetes.io/not-ready", "operator": "Exists"}]
+    assert values["daemonSet"] == {"enabled": True}  # the chart adds hostNetwork and the not-ready toleration
+    assert "tolerations" not in values  # the chart's own (control-plane, uninitialized) stay
     assert "affinity" not in values
     assert "--node-cidr-mask-size-ipv4=24" in values["extraArgs"]
 
@@ -182,7 +179,7 @@ def test_load_balancer_ui_is_our_service_on_the_pool_not_the_charts():
     s = settings_with(hubble={"uiServiceType": "LoadBalancer"}, cilium={"loadBalancerAddresses": ["10.255.200.240/29"]})
     values = cilium_values(s)
     assert values["hubble"]["ui"] == {"enabled": True}  # the chart's Service stays ClusterIP: no Helm wait on it
-    assert (values["l2announcements"], values["externalIPs"]) == ({"enabled": True}, {"enabled": True})
+    assert values["l2announcements"] == {"enabled": True} and "externalIPs" not in values
     assert values["k8sClientRateLimit"] == {"qps": 20, "burst": 40}
     assert hubble_ui_load_balancer_service(s) == {
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": "hubble-ui-lb", "namespace": "kube-system"},

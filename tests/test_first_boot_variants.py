@@ -90,7 +90,7 @@ def test_load_balancer_ui_with_a_pool_announced_over_l2():
     run = run_program(dev(hubble={"uiServiceType": "LoadBalancer"},
                           cilium={"loadBalancerAddresses": ["10.10.0.60-10.10.0.69"]}), stack="dev")
     values = run.one(RELEASE, "cilium").inputs["values"]
-    assert values["l2announcements"] == {"enabled": True} and values["externalIPs"] == {"enabled": True}
+    assert values["l2announcements"] == {"enabled": True} and "externalIPs" not in values
     assert values["hubble"]["ui"] == {"enabled": True}  # the chart's own Service stays ClusterIP
     [pool] = run.of_type(POOL)
     assert pool.inputs["spec"] == {"blocks": [{"start": "10.10.0.60", "stop": "10.10.0.69"}]}
@@ -104,10 +104,9 @@ def test_load_balancer_ui_with_a_pool_announced_over_l2():
 def test_node_ipam_runs_the_ccm_on_the_host_network():
     run = run_program(dev(ccm={"enabled": True, "nodeIpam": {"maskSizeIpv4": 24}}), stack="dev")
     values = run.one(RELEASE, "talos-ccm").inputs["values"]
-    assert values["useDaemonSet"] is True
-    assert {"effect": "NoSchedule", "key": "node.kubernetes.io/not-ready", "operator": "Exists"} in values["tolerations"]
+    assert values["daemonSet"] == {"enabled": True}
     assert "node-ipam-controller" in values["enabledControllers"]
     spread = run_program(dev(ccm={"enabled": True}), stack="dev").one(RELEASE, "talos-ccm").inputs["values"]
-    assert "useDaemonSet" not in spread
+    assert "daemonSet" not in spread
     assert spread["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
         "topologyKey"] == "kubernetes.io/hostname"

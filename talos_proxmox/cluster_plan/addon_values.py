@@ -88,9 +88,9 @@ def cilium_values(settings: Settings) -> dict[str, Any]:
         values["MTU"] = mtu
     if settings.cilium.load_balancer_addresses:
         # LoadBalancer Services get addresses from the pool below, answered for by ARP from one node each;
-        # the leases that elect that node are API calls, hence the higher client rate limit.
+        # the leases that elect that node are API calls, hence the higher client rate limit. (External IPs
+        # need no value: chart 1.19 has no `externalIPs` key; kube-proxy replacement serves them.)
         values["l2announcements"] = {"enabled": True}
-        values["externalIPs"] = {"enabled": True}
         values["k8sClientRateLimit"] = {"qps": 20, "burst": 40}
     return deep_merge(values, settings.cilium.values)
 
@@ -159,20 +159,14 @@ def ccm_extra_args(settings: Settings) -> list[str]:
 # The chart's selector labels (templates/_helpers.tpl), for spreading its pods.
 CCM_CHART = "talos-cloud-controller-manager"
 CCM_SELECTOR = {"app.kubernetes.io/name": CCM_CHART, "app.kubernetes.io/instance": CCM_RELEASE}
-# The chart's own tolerations (a list: Helm replaces it whole), plus not-ready for node IPAM: a node
-# stays NotReady until the CCM gives it a pod CIDR.
-CCM_TOLERATIONS = [
-    {"effect": "NoSchedule", "key": "node-role.kubernetes.io/control-plane", "operator": "Exists"},
-    {"effect": "NoSchedule", "key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"},
-]
-NOT_READY_TOLERATION = {"effect": "NoSchedule", "key": "node.kubernetes.io/not-ready", "operator": "Exists"}
 
 
 def ccm_values(settings: Settings) -> dict[str, Any]:
     """Values of the Talos CCM release: replicas, enabled controllers, node IPAM flags, then `ccm.values`.
 
     With node IPAM the CCM is the only pod-CIDR allocator, so it cannot wait for the pod network (which
-    waits for pod CIDRs): it runs as the chart's DaemonSet on the control planes' host network. Otherwise
+    waits for pod CIDRs): it runs as the chart's DaemonSet (`daemonSet.enabled`), on the control planes'
+    host network, tolerating not-ready nodes (the chart adds that toleration in this mode). Otherwise
     it is a Deployment whose replicas go to different control planes, so one node's loss keeps one.
     """
     ccm = settings.ccm
@@ -181,8 +175,7 @@ def ccm_values(settings: Settings) -> dict[str, Any]:
     if extra_args:
         values["extraArgs"] = extra_args
     if ccm.node_ipam is not None:
-        values["useDaemonSet"] = True
-        values["tolerations"] = [*CCM_TOLERATIONS, NOT_READY_TOLERATION]
+        values["daemonSet"] = {"enabled": True}
     else:
         values["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": dict(CCM_SELECTOR)}, "topologyKey": "kubernetes.io/hostname"}]}}
