@@ -11,20 +11,46 @@ a stop (the guest goes down with its VM) and the DELETE.
 
 A VM made through the API (the engine tier's Proxmox provider) runs the guest `guest_named(name)` gives
 for its name: its first start boots the ISO (maintenance mode), later ones the installed node.
+
+Where fakepve 0.5.0 answers the calls the real Proxmox provider (bpg v0.111.1) makes unlike PVE 9, this
+class answers as PVE does (qemu-server, pve-storage):
+- a path with a trailing slash is the same path (the provider DELETEs `.../qemu/{vmid}/?purge=1...`);
+- `GET .../config` shows pending values applied, `current=1` the running ones;
+- `PUT .../config` stores typed values (PVE's check_type: `cores: 4`, not `"4"`), allocates a new disk
+  at once, applies hot-pluggable keys to a running VM at once (the fast-plug options and cloud-init keys;
+  with the default hotplug `network,disk,usb`: NICs, new SCSI/VirtIO disks, CD-ROM media) and keeps the
+  rest pending (cores, sockets, memory, CPU type, SCSI controller, BIOS, machine, agent type, existing
+  disks' options, EFI disk, TPM state); a pending value equal to the running one is dropped
+  (cleanup_pending), a delete of an unset key ignored;
+- `PUT .../resize` grows the volume and writes its size into the running config; shrinking is refused;
+- `download-url` of a file that exists fails its task with "refusing to override existing file";
+  `query-url-metadata` fetches the URL's headers itself (a bad URL is an error, as on a real node);
+- `query-url-metadata` and `download-url` need `Sys.Audit` + `Sys.Modify` on `/` or `Sys.AccessNetwork`
+  on the node (PVE 9).
+Still unlike PVE: the cloud-init drive's volume is named like a disk (`vm-<id>-disk-N`, PVE:
+`vm-<id>-cloudinit`), `move_disk` does nothing, every task ends before its request returns, and there is
+no real guest behind a hot-plugged device.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from fakepve.certs import make_cert
+from fakepve.lxc import format_size, parse_size
+from fakepve.model import PveError, TaskError
 from fakepve.pytest_plugin import _Serving  # serves a FakePve on its own event loop thread
-from fakepve.server import FakePve
+from fakepve.qemu import DRIVE_KEY, NEW_DISK, split_drive, join_drive
+from fakepve.server import USER, FakePve, ok, params
 from proxmoxer import ProxmoxAPI
 
 from tests.talos_api_server import FakeTalosNode
@@ -33,6 +59,26 @@ HOST = "127.0.0.1"
 PVE_HOST = "pve1"
 TOKEN_ID = "root@pam!talos-proxmox-tests"
 TOKEN_SECRET = "9b1f3c52-61a4-4c2e-8d0a-3e7c5b9f2a14"  # a stand-in's token, not a credential
+
+
+# qemu-server: options PVE applies to a running VM whatever its hotplug setting (the fast-plug list, and
+# the cloud-init options, which reach the guest through the regenerated drive).
+FAST_PLUG = frozenset({"name", "description", "hookscript", "lock", "migrate_downtime", "migrate_speed", "onboot",
+                       "protection", "shares", "startup", "tags", "vmstatestorage", "cpuunits", "cpulimit"})
+CLOUD_INIT_KEY = re.compile(r"^(ipconfig\d+|nameserver|searchdomain|ciuser|cipassword|citype|ciupgrade|sshkeys)$")
+# With PVE's default hotplug (network,disk,usb): NICs, and new disks on a hot-pluggable bus.
+HOTPLUG_NIC = re.compile(r"^net\d+$")
+HOTPLUG_DISK = re.compile(r"^(scsi|virtio)\d+$")
+# Integer and boolean options of a VM's config, as PVE's check_type stores them (numbers, not strings).
+INTEGER_KEYS = frozenset({"cores", "sockets", "vcpus", "memory", "balloon", "cpuunits", "shares", "numa", "onboot",
+                          "protection", "acpi", "kvm", "tablet", "template", "localtime", "freeze", "migrate_speed",
+                          "reboot", "vmid"})
+
+
+def _typed(key: str, value):
+    if key in INTEGER_KEYS and isinstance(value, str) and re.fullmatch(r"-?\d+", value):
+        return int(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -120,6 +166,152 @@ class ProxmoxStandIn(FakePve):
             guest.go_down()
             self._power_event(vm, "off")
         return upid
+
+    # --- PVE as the real provider meets it (see the module's docstring) ---------------------------
+
+    def _routes_stand_in(self):
+        # Registered ahead of fakepve's catch-all, like its own stateful routes.
+        return [("PUT", "/nodes/{node}/qemu/{vmid}/resize", self._resize),
+                ("GET", "/nodes/{node}/query-url-metadata", self._query_url_metadata)]
+
+    async def _generic(self, request):
+        # PVE finds a handler whatever trailing slashes the path has; aiohttp's routes do not.
+        if request.path.endswith("/") and request.path.rstrip("/") != request.path:
+            clone = request.clone(rel_url=request.rel_url.with_path(request.path.rstrip("/")))
+            match = await request.app.router.resolve(clone)
+            if getattr(match.handler, "__func__", None) is not FakePve._generic:
+                match.add_app(request.app)
+                clone._match_info = match
+                return await match.handler(clone)
+        return await super()._generic(request)
+
+    async def _config_get(self, request):
+        vm = self._vm(request, "VM.Audit")
+        config = dict(vm.config)
+        if request.query.get("current") not in ("1", "true"):
+            for key, value in vm.pending.items():
+                if value is None:
+                    config.pop(key, None)
+                else:
+                    config[key] = value
+        if "memory" in config:
+            config["memory"] = str(config["memory"])  # PVE sends it as a string
+        config["digest"] = vm.digest()
+        return ok(config)
+
+    async def _config_put(self, request):
+        values = self._verify(request, await params(request))
+        for key in request.match_info:
+            values.pop(key, None)
+        await self._apply_config(self._vm(request), request[USER], values)
+        return ok()
+
+    async def _apply_config(self, vm, user, p):
+        before = dict(vm.config)
+        updates = {key: _typed(key, value) for key, value in p.items()}
+        deletes = [key for key in str(updates.get("delete") or "").split(",") if key]
+        kept = [key for key in deletes if key in vm.config or key in vm.pending]  # PVE skips unset keys
+        if kept:
+            updates["delete"] = ",".join(kept)
+        else:
+            updates.pop("delete", None)
+        for key, value in list(updates.items()):
+            if DRIVE_KEY.match(key) and NEW_DISK.match(split_drive(str(value))[0]):
+                updates[key], _made = self._qm_new_drive(vm.vmid, key, str(value), None)  # allocated at once
+        await super()._apply_config(vm, user, updates)
+        if vm.status == "running":
+            self._hotplug(vm, before)
+        for key in [key for key, value in vm.pending.items()
+                    if (value is None and key not in vm.config) or (value is not None and str(vm.config.get(key)) == str(value))]:
+            del vm.pending[key]  # cleanup_pending
+
+    @staticmethod
+    def _hotplug(vm, before: dict) -> None:
+        """What PVE applies to a running VM at once, of what fakepve left pending, and the agent's enable
+        or type, which fakepve applied but PVE keeps for the next start."""
+        for key, value in list(vm.pending.items()):
+            if value is None:
+                continue
+            cdrom_swap = "media=cdrom" in str(value) and "media=cdrom" in str(before.get(key, ""))
+            if (key in FAST_PLUG or CLOUD_INIT_KEY.match(key) or HOTPLUG_NIC.match(key) or cdrom_swap
+                    or (HOTPLUG_DISK.match(key) and key not in before)):
+                vm.config[key] = value
+                del vm.pending[key]
+        agent_before, agent_now = before.get("agent"), vm.config.get("agent")
+        if agent_now != agent_before:
+            strip = lambda text: re.sub(r",?fstrim_cloned_disks=\d", "", str(text or ""))  # noqa: E731
+            if strip(agent_now) != strip(agent_before):
+                vm.pending["agent"] = agent_now
+                if agent_before is None:
+                    vm.config.pop("agent", None)
+                else:
+                    vm.config["agent"] = agent_before
+
+    async def _resize(self, values, user):
+        vm = self.find(values["node"], values["vmid"])
+        if vm is None:
+            raise PveError(500, f"Configuration file 'nodes/{values['node']}/qemu-server/{values['vmid']}.conf' does not exist")
+        self.require(user, f"/vms/{vm.vmid}", "VM.Config.Disk")
+        key = values["disk"]
+        if key not in vm.config:
+            raise PveError(500, f"disk '{key}' does not exist")
+        volume, props = split_drive(str(vm.config[key]))
+        props = dict(props)
+        if props.get("media") == "cdrom":
+            raise PveError(500, "you can't resize a cdrom")
+        current = parse_size(props.get("size", "0"))
+        wanted = str(values["size"])
+        size = current + parse_size(wanted[1:]) if wanted.startswith("+") else parse_size(wanted)
+        if size < current:
+            raise PveError(500, "shrinking disks is not supported")
+
+        async def body():
+            props["size"] = format_size(size)
+            vm.config[key] = join_drive(volume, props)  # the running config, at once
+            if key in vm.pending:
+                pending_volume, pending_props = split_drive(str(vm.pending[key]))
+                vm.pending[key] = join_drive(pending_volume, {**dict(pending_props), "size": props["size"]})
+        return await self.task(vm.node, "resize", vm.vmid, user, body, vm=vm)
+
+    def _may_reach_network(self, user: str, node: str) -> None:
+        if not (self.allowed(user, f"/nodes/{node}", "Sys.AccessNetwork")
+                or (self.allowed(user, "/", "Sys.Audit") and self.allowed(user, "/", "Sys.Modify"))):
+            raise PveError(403, "Permission check failed (/nodes/{0}, Sys.AccessNetwork)".format(node))
+
+    async def _query_url_metadata(self, values, user):
+        self._may_reach_network(user, values["node"])
+        url = values["url"]
+
+        def head() -> dict:
+            request = urllib.request.Request(url, method="HEAD")
+            with urllib.request.urlopen(request, timeout=10) as reply:  # noqa: S310 (the test's own servers)
+                return {"filename": url.rsplit("/", 1)[-1], "mimetype": reply.headers.get("Content-Type"),
+                        "size": int(reply.headers.get("Content-Length") or 0)}
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, head)
+        except urllib.error.HTTPError as exc:
+            raise PveError(500, f"invalid server response: '{exc.code} {exc.reason}'") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise PveError(500, f"unable to get file metadata: {exc}") from None
+
+    async def _download_url(self, request):
+        p = await params(request)
+        node, storage = request.match_info["node"], request.match_info["storage"]
+        user = request[USER]
+        self.require(user, f"/storage/{storage}", "Datastore.AllocateTemplate")
+        self._may_reach_network(user, node)
+        store = self._store(storage)
+        p = self._verify(request, p)
+        name, content = p["filename"], p["content"]
+        if content not in str(store.get("content", "")).replace(";", ",").split(","):
+            raise PveError(500, f"storage '{storage}' is not configured for content-type '{content}'")
+
+        async def download():
+            if name in store.get("files", ()):
+                raise TaskError(f"refusing to override existing file '/var/lib/vz/template/{content}/{name}'")
+            self.store_file(storage, name, 1024 ** 2, content)
+        return ok(await self.task(node, "download", name, user, download,
+                                  log=[f"downloading {p.get('url')} to {name}"]))
 
     def _power_event(self, vm, what: str) -> None:
         self._append_event(self.power_events, vm, what)

@@ -80,8 +80,8 @@ def test_pending_hardware_comes_in_through_a_drained_shutdown_and_a_proxmox_star
     assert calls[start + 1][0] == "GET" and f":qmstart:{VM_ID}:" in calls[start + 1][1]
     assert calls[start + 2:] == [("GET", f"{vm}/pending")]
     assert fake.reboots == 1 and [e.what for e in pve.power_events] == ["off", "up"]
-    # fakepve keeps config values as the PUT sent them, as strings
-    assert (pve.vm(VM_ID).config["cores"], pve.vm(VM_ID).config["memory"]) == ("4", "8192")
+    # stored typed, as PVE's check_type does
+    assert (pve.vm(VM_ID).config["cores"], pve.vm(VM_ID).config["memory"]) == (4, 8192)
     assert pve.vm(VM_ID).pending == {}
     assert events == ["healthy-before", "shutdown-requested (cpu 2 -> 4, memory 4096 -> 8192; pending: cores, memory)",
                       "vm-stopped", "vm-started", "healthy"]
@@ -105,7 +105,7 @@ def test_an_unhealthy_node_is_not_shut_down(node, pve, credentials):
     pve.vm_changed(VM_ID, {"cores": 4})
     with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): .*etcd"):
         _apply(credentials, roll_node, pve, {"cores": (2, 4)}, [], timeout=1.0)
-    assert fake.calls_for("Shutdown") == [] and pve.vm(VM_ID).pending == {"cores": "4"}
+    assert fake.calls_for("Shutdown") == [] and pve.vm(VM_ID).pending == {"cores": 4}
 
 
 def test_a_refused_shutdown_stops_the_roll_naming_the_node(node, pve, credentials):
