@@ -28,6 +28,11 @@ DATA_DISK_INTERFACE = "scsi1"
 # Replaced delete-before-replace: the node's lifecycle (leave etcd, reset) and apply go first, the new
 # VM gets a first apply. NodeChanges allows one such node per up, alone (node_changes.problems).
 VM_IDENTITY_INPUTS = ["vmId", "nodeName", "networkDevices[0].macAddress"]
+# The Pulumi bridge fills each disk's `speed` with its Terraform default (all zeros) while the provider
+# reads an unlimited disk back as no speed block: without this every preview shows each VM as changed
+# (muhlba91/pulumi-proxmoxve#664). The program never sets disk speed limits. One path per disk (boot, data):
+# the bridge's diff honours exact paths only, not `disks[*].speed`.
+VM_IGNORED_DRIFT = [f"disks[{index}].speed" for index in range(2)]
 
 
 def vm_tags(settings: Settings, node: NodeSettings) -> list[str]:
@@ -149,7 +154,8 @@ class TalosNode(pulumi.ComponentResource):
         c = settings.cluster
 
         self.vm = proxmoxve.VmLegacy(name, **vm_args(settings, node, iso_file_id), opts=pulumi.ResourceOptions(
-            parent=self, depends_on=[node_changes], replace_on_changes=VM_IDENTITY_INPUTS, delete_before_replace=True))
+            parent=self, depends_on=[node_changes], replace_on_changes=VM_IDENTITY_INPUTS, delete_before_replace=True,
+            ignore_changes=VM_IGNORED_DRIFT))
 
         inputs = machine_config_inputs(settings, node, installer_image)
         self.machine_configuration = MachineConfiguration(f"machineconfig-{name}", secrets=secrets, **inputs,

@@ -90,33 +90,103 @@ blocked() {
 attempt pulumi go_tool pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi \
   "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
 
-# The language host, from the last sdk/v3 release that holds it, and, beside it, the executor script it
-# refuses to start without, from the same release.
-attempt pulumi-language-python go_tool pulumi-language-python github.com/pulumi/pulumi/sdk/v3 \
-  "$PULUMI_LANGUAGE_PYTHON_VERSION" github.com/pulumi/pulumi/sdk/v3/python/cmd/pulumi-language-python \
-  "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_LANGUAGE_PYTHON_VERSION"
-python_host_files() {
-  local sdk_dir
-  sdk_dir=$(go mod download -json "github.com/pulumi/pulumi/sdk/v3@$PULUMI_LANGUAGE_PYTHON_VERSION" |
-    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  [ -n "$sdk_dir" ] || return 1
-  # Beside the host's real path: it looks for the executor in its own directory.
-  install -m 0755 "$sdk_dir/python/cmd/pulumi-language-python-exec" \
-    "$cache/pulumi-language-python-$PULUMI_LANGUAGE_PYTHON_VERSION/pulumi-language-python-exec" &&
-    ln -sf "$cache/pulumi-language-python-$PULUMI_LANGUAGE_PYTHON_VERSION/pulumi-language-python-exec" \
-      "$bin/pulumi-language-python-exec" &&
-    # Our own launcher for dynamic providers: the dynamic-provider host with the project's venv.
-    install -m 0755 scripts/pulumi-resource-pulumi-python "$bin/pulumi-resource-pulumi-python" &&
-    log "pulumi-language-python-exec $PULUMI_LANGUAGE_PYTHON_VERSION and pulumi-resource-pulumi-python: installed"
+# source_tool NAME VERSION TARBALL MODULE_DIR PACKAGE LDFLAGS PREPARE
+# Builds PACKAGE from an upstream tarball in ../shared/third_party (modules the proxy refuses), after
+# PREPARE (a function run in MODULE_DIR) has pointed its go.mod at modules the proxy serves.
+source_tool() {
+  local name=$1 version=$2 tarball=$third_party/$3 module_dir=$4 package=$5 ldflags=$6 prepare=$7
+  local out=$cache/$name-$version work=$cache/$name-$version.src
+  if [ -x "$out/$name" ]; then
+    log "$name $version: cached"
+    ln -sf "$out/$name" "$bin/$name"
+    return 0
+  fi
+  if [ ! -f "$tarball" ]; then
+    log "$name $version: no source at $tarball (CI has ../shared/third_party beside the checkout)"
+    return 1
+  fi
+  log "$name $version: building from $(basename "$tarball") (minutes on a cold Go cache)"
+  rm -rf "$work" && mkdir -p "$work" "$out" && tar -xzf "$tarball" -C "$work" || return 1
+  (
+    cd "$work/$module_dir" &&
+      "$prepare" &&
+      go build -trimpath -ldflags "-s -w $ldflags" -o "$out/$name" "$package"
+  ) || { rm -f "$out/$name"; return 1; }
+  rm -rf "$work"
+  ln -sf "$out/$name" "$bin/$name"
+  log "$name $version: built"
 }
-attempt pulumi-language-python-exec python_host_files
+third_party=${THIRD_PARTY_DIR:-$root/../shared/third_party}
 
+# The language host's go.mod replaces sdk/v3 and pkg/v3 by paths inside pulumi's repository: require
+# both at the host's own release instead (served).
+prepare_language_python() {
+  go mod edit -dropreplace=github.com/pulumi/pulumi/pkg/v3 -dropreplace=github.com/pulumi/pulumi/sdk/v3 &&
+    go get "github.com/pulumi/pulumi/pkg/v3@$PULUMI_VERSION" "github.com/pulumi/pulumi/sdk/v3@$PULUMI_VERSION"
+}
+python_host_files() {
+  local dir=$cache/pulumi-language-python-$PULUMI_VERSION
+  if [ ! -x "$dir/pulumi-language-python-exec" ]; then
+    tar -xzf "$third_party/pulumi-language-python-$PULUMI_VERSION.tar.gz" -C "$dir" --strip-components=4 \
+      ./sdk/python/cmd/pulumi-language-python-exec &&
+      tar -xzf "$third_party/pulumi-language-python-$PULUMI_VERSION.tar.gz" -C "$dir" --strip-components=4 \
+        ./sdk/python/dist/pulumi-resource-pulumi-python || return 1
+  fi
+  # The host refuses to start without its executor in its own directory; the engine finds the
+  # dynamic-provider launcher on PATH.
+  ln -sf "$dir/pulumi-language-python-exec" "$bin/pulumi-language-python-exec" &&
+    ln -sf "$dir/pulumi-resource-pulumi-python" "$bin/pulumi-resource-pulumi-python"
+}
+build_language_python() {
+  source_tool pulumi-language-python "$PULUMI_VERSION" "pulumi-language-python-$PULUMI_VERSION.tar.gz" \
+    sdk/python/cmd/pulumi-language-python . \
+    "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION" prepare_language_python &&
+    python_host_files
+}
+attempt pulumi-language-python build_language_python
+
+# A file:// module proxy, first in GOPROXY, for modules whose .info and .mod the proxy refuses while it
+# serves their .zip: the .mod is the go.mod inside that zip, and go.sum still verifies both.
+zip_only_proxy() {
+  local dir=$cache/zip-only-proxy module version zip
+  for each in "$@"; do
+    module=${each%@*} version=${each#*@}
+    zip=$dir/$module/@v/$version.zip
+    if [ ! -f "$dir/$module/@v/$version.mod" ]; then
+      mkdir -p "$dir/$module/@v" &&
+        curl -fsSL -o "$zip" "https://proxy.golang.org/$module/@v/$version.zip" &&
+        unzip -p "$zip" "$module@$version/go.mod" > "$dir/$module/@v/$version.mod" &&
+        echo "$version" >> "$dir/$module/@v/list" || return 1
+    fi
+  done
+  echo "file://$dir"
+}
+prepare_proxmoxve() {
+  local local_proxy
+  local_proxy=$(zip_only_proxy $PROXMOXVE_ZIP_ONLY_MODULES) || return 1
+  export GOPROXY="$local_proxy,${GOPROXY:-https://proxy.golang.org}" GONOSUMDB=github.com/pulumi
+}
 # Provider plugins at the exact version the pinned Python SDK asks the engine for.
-proxmoxve_version=v$(sed -n 's/^pulumi-proxmoxve==//p' requirements.txt)
-blocked pulumi-resource-proxmoxve "no version served by the module proxy" \
-  go_tool pulumi-resource-proxmoxve github.com/muhlba91/pulumi-proxmoxve/provider \
-  "$PROXMOXVE_PROVIDER_COMMIT" github.com/muhlba91/pulumi-proxmoxve/provider/cmd/pulumi-resource-proxmoxve \
-  "-X github.com/muhlba91/pulumi-proxmoxve/provider/pkg/version.Version=$proxmoxve_version"
+proxmoxve_version=$(sed -n 's/^pulumi-proxmoxve==//p' requirements.txt)
+attempt pulumi-resource-proxmoxve source_tool pulumi-resource-proxmoxve "$proxmoxve_version" \
+  "pulumi-proxmoxve-v$proxmoxve_version-provider.tar.gz" provider ./cmd/pulumi-resource-proxmoxve \
+  "-X github.com/muhlba91/pulumi-proxmoxve/provider/pkg/version.Version=$proxmoxve_version" prepare_proxmoxve
+
+# The Kubernetes plugin replaces its sdk/v4 by a path in its repository (required at its release
+# instead), and pins two versions the proxy refuses (swapped for the nearest it serves); then its
+# generate step writes the embedded, versioned schema.
+kubernetes_version=$(sed -n 's/^pulumi-kubernetes==//p' requirements.txt)
+prepare_kubernetes() {
+  local each
+  # Edited into go.mod, not `go get`: go get would first read the refused versions' .mod files.
+  for each in $KUBERNETES_PLUGIN_SUBSTITUTES; do go mod edit -require="$each" || return 1; done
+  go mod edit -dropreplace=github.com/pulumi/pulumi-kubernetes/sdk/v4 &&
+    go get "github.com/pulumi/pulumi-kubernetes/sdk/v4@v$kubernetes_version" &&
+    (cd cmd/pulumi-resource-kubernetes && VERSION=$kubernetes_version go run ./generate.go)
+}
+attempt pulumi-resource-kubernetes source_tool pulumi-resource-kubernetes "$kubernetes_version" \
+  "pulumi-kubernetes-v$kubernetes_version-provider.tar.gz" provider ./cmd/pulumi-resource-kubernetes \
+  "-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$kubernetes_version" prepare_kubernetes
 
 # Our talos-oracle, once per Talos line (TALOS_ORACLE_MACHINERY_VERSIONS): the real Talos code checks every render.
 attempt talos-oracle bash scripts/build-talos-oracle.sh

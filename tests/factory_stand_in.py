@@ -1,4 +1,7 @@
-"""A stand-in for the Image Factory's POST /schematics on 127.0.0.1, recording every request."""
+"""A stand-in for the Image Factory on 127.0.0.1: POST /schematics, and the images of the schematics it
+knows (`/image/<id>/<version>/<file>`: headers only, as Proxmox's query-url-metadata asks for them; an
+unknown schematic is a 404, as on the real factory). Schematic requests are kept in `requests`, image
+requests in `image_requests`, each in order."""
 
 from __future__ import annotations
 
@@ -23,12 +26,17 @@ SEED_SCHEMATIC = {
 }
 
 
+IMAGE_SIZE = 104_857_600  # what the factory's Content-Length says an ISO is (its bytes are never sent)
+
+
 class StandInFactory:
     """Answers POST /schematics like the factory would, or with the failure a test asks for."""
 
     def __init__(self, mode: str = "ok", delay: float = 0.0):
         self.mode, self.delay = mode, delay
         self.requests: list[tuple[str, str, dict, bytes]] = []
+        self.image_requests: list[tuple[str, str]] = []
+        self.schematic_ids: set[str] = set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,8 +55,19 @@ class StandInFactory:
                     pass  # the client gave up (timeout test)
 
             def do_GET(self):  # noqa: N802
+                if self.path.startswith("/image/"):
+                    return self.do_HEAD()  # the image's bytes are never needed: fakepve stores a stand-in file
                 outer.requests.append(("GET", self.path, dict(self.headers), b""))
                 self.send_response(404)
+                self.end_headers()
+
+            def do_HEAD(self):  # noqa: N802
+                outer.image_requests.append((self.command, self.path))
+                parts = self.path.split("/")  # "", "image", id, version, file
+                known = len(parts) == 5 and parts[1] == "image" and parts[2] in outer.schematic_ids
+                self.send_response(200 if known else 404)
+                self.send_header("Content-Type", "application/octet-stream" if known else "text/plain")
+                self.send_header("Content-Length", str(IMAGE_SIZE if known else 0))
                 self.end_headers()
 
             def log_message(self, *args):
@@ -63,6 +82,7 @@ class StandInFactory:
             return 404, b"not found\n"
         sid = hashlib.sha256(body).hexdigest()
         if self.mode == "ok":
+            self.schematic_ids.add(sid)
             return 201, json.dumps({"id": sid, "schematic": body.decode()}).encode()
         if self.mode == "400":
             return 400, (b"yaml: unmarshal errors:\n  line 2: field systemExtension not found "

@@ -16,7 +16,8 @@ Where fakepve 0.5.0 answers the calls the real Proxmox provider (bpg v0.111.1) m
 class answers as PVE does (qemu-server, pve-storage):
 - a path with a trailing slash is the same path (the provider DELETEs `.../qemu/{vmid}/?purge=1...`);
 - `GET .../config` shows pending values applied, `current=1` the running ones;
-- `PUT .../config` stores typed values (PVE's check_type: `cores: 4`, not `"4"`), allocates a new disk
+- `PUT .../config` stores typed values (PVE's check_type: `cores: 4`, not `"4"`) and drives as PVE prints
+  them (`local:iso/x.iso,media=cdrom`, not the provider's `file=local:iso/x.iso,media=cdrom,`), allocates a new disk
   at once, applies hot-pluggable keys to a running VM at once (the fast-plug options and cloud-init keys;
   with the default hotplug `network,disk,usb`: NICs, new SCSI/VirtIO disks, CD-ROM media) and keeps the
   rest pending (cores, sockets, memory, CPU type, SCSI controller, BIOS, machine, agent type, existing
@@ -216,8 +217,13 @@ class ProxmoxStandIn(FakePve):
         else:
             updates.pop("delete", None)
         for key, value in list(updates.items()):
-            if DRIVE_KEY.match(key) and NEW_DISK.match(split_drive(str(value))[0]):
+            if not DRIVE_KEY.match(key):
+                continue
+            volume, props = split_drive(str(value))
+            if NEW_DISK.match(volume):
                 updates[key], _made = self._qm_new_drive(vm.vmid, key, str(value), None)  # allocated at once
+            else:  # stored as PVE prints a drive: volume first (`file=` dropped), options sorted
+                updates[key] = join_drive(volume, {k: v for k, v in dict(props).items() if k})
         await super()._apply_config(vm, user, updates)
         if vm.status == "running":
             self._hotplug(vm, before)

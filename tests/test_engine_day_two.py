@@ -202,8 +202,11 @@ def test_hardware_change_puts_each_vms_config_then_starts_each_through_proxmox_i
     vm = "/api2/json/nodes/pve/qemu/{}"
     requests = pve_requests_during(ups, "hardware")
     puts = [(path, body) for method, path, body in requests if method == "PUT"]
-    # the provider's update of each running VM: the changed keys, kept pending until the VM starts
-    assert sorted(puts) == sorted((vm.format(VM_IDS[name]) + "/config", b"cores=4&memory=6144") for name in ROLL_ORDER)
+    # the real provider's update of each running VM (bpg's vmUpdate: the whole CPU and memory blocks, the
+    # name, deletes of unset CPU limits), one PUT each, which PVE keeps pending until the VM starts
+    assert sorted(puts) == sorted((vm.format(VM_IDS[name]) + "/config",
+                                   b"balloon=0&cores=4&cpu=host&delete=vcpus%2Ccpulimit&memory=6144&name=" +
+                                   name.encode() + b"&numa=0&sockets=1") for name in ROLL_ORDER)
     starts = [path for method, path, _ in requests if method == "POST" and path.endswith("/status/start")]
     assert starts == [vm.format(VM_IDS[name]) + "/status/start" for name in ROLL_ORDER]
     assert max(i for i, r in enumerate(requests) if r[0] == "PUT") < min(
@@ -338,3 +341,4 @@ def test_refused_in_the_preview_with_the_reason_before_any_pve_request_or_node_c
     assert not set(ROLL_ORDER) & set(refused.up.changes())  # no VM was planned
     for node in ROLL_ORDER:
         assert refused.new_calls(before, node) == [], node
+

@@ -168,7 +168,7 @@ def test_a_new_host_makes_the_vm_there_with_the_same_id(ups):
     assert pve.vm(9163).node == "pve2"
     requests = [(method, path) for method, path, _ in pve.requests[before.pve_requests:up.pve_requests]]
     assert requests.index(("POST", "/api2/json/nodes/pve/qemu/9163/status/stop")) < requests.index(
-        ("DELETE", "/api2/json/nodes/pve/qemu/9163")) < requests.index(("POST", "/api2/json/nodes/pve2/qemu"))
+        ("DELETE", "/api2/json/nodes/pve/qemu/9163/")) < requests.index(("POST", "/api2/json/nodes/pve2/qemu"))
     assert [call.rpc for call in rpcs(up.new_calls(before, CP2), *NODE_DOWN_RPCS)] == ["EtcdLeaveCluster", "Reset"]
     assert ups["etcd"][CP1] == sorted([CP1, CP2, CP3])
 

@@ -116,3 +116,8 @@ def test_a_second_download_of_a_file_fails_its_task_refusing_to_override_it(pve,
     status = lambda upid: data(call(pve, "GET", f"nodes/{PVE_HOST}/tasks/{upid}/status"))["exitstatus"]  # noqa: E731
     assert status(first) == "OK"
     assert status(second) == "refusing to override existing file '/var/lib/vz/template/iso/talos.iso'"
+
+
+def test_a_drive_sent_with_a_file_key_is_stored_as_pve_prints_it(pve):
+    data(call(pve, "PUT", vm_path("/config"), ide2="file=local:iso/talos.iso,media=cdrom,", name="cp-1"))
+    assert data(call(pve, "GET", vm_path("/config")))["ide2"] == "local:iso/talos.iso,media=cdrom"

@@ -23,9 +23,9 @@ from talos_proxmox.settings.stack import PROJECT
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".tools" / "bin"
-STAND_IN_PLUGINS = Path(__file__).resolve().parent / "bin"
 PROGRAM = ("Pulumi.yaml", "__main__.py", "components", "providers", "talos_proxmox", ".venv")
-REQUIRED_TOOLS = ("pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python")
+REQUIRED_TOOLS = ("pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python",
+                  "pulumi-resource-proxmoxve")
 PASSPHRASE = "engine-tier-passphrase"  # the test stacks' secrets provider; guards nothing real
 
 
@@ -127,7 +127,8 @@ class PulumiProject:
         return self.project / "stacks" / f"Pulumi.{self.stack}.yaml"
 
     def env(self) -> dict[str, str]:
-        path = os.pathsep.join([str(STAND_IN_PLUGINS), str(TOOLS), str(ROOT / ".venv" / "bin"), os.environ["PATH"]])
+        # The engine finds the plugins scripts/tools.sh built on PATH (no plugin is ever downloaded).
+        path = os.pathsep.join([str(TOOLS), str(ROOT / ".venv" / "bin"), os.environ["PATH"]])
         keep = {key: value for key, value in os.environ.items()
                 if not key.startswith(("PULUMI_", "PROXMOX_VE_")) and key not in ("PYTHONPATH", "VIRTUAL_ENV")}
         return {
@@ -138,8 +139,8 @@ class PulumiProject:
             "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-            # The language host (v3.68, see scripts/tool-versions.env) takes the interpreter from here.
-            "PULUMI_PYTHON_CMD": str(ROOT / ".venv" / "bin" / "python"),
+            # The dynamic-provider launcher runs the program's venv (Pulumi.yaml names it relative to the
+            # project, which here is a directory of links).
             "PULUMI_RUNTIME_VIRTUALENV": str(ROOT / ".venv"),
         }
 
