@@ -132,6 +132,7 @@ ACCEPTED = [
       "proxmox.bridge": "vmbr1", "proxmox.cpuType": "x86-64-v2-AES", "proxmox.tags": ["talos", "dev"]},
      lambda s: s.proxmox, ProxmoxSettings(node="pve", vm_datastore="ceph-vm", iso_datastore="cephfs", bridge="vmbr1",
                                           cpu_type="x86-64-v2-AES", tags=("talos", "dev"), iso_datastore_shared=True)),
+    ({"proxmox.cpuType": "custom-epyc-talos"}, lambda s: s.proxmox.cpu_type, "custom-epyc-talos"),
     ({"image.platform": "nocloud"}, lambda s: s.image.platform, "nocloud"),
     ({"image.schematic": {"customization": {"extraKernelArgs": ["console=ttyS0"]}}},
      lambda s: s.image.schematic, {"customization": {"extraKernelArgs": ["console=ttyS0"]}}),

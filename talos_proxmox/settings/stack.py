@@ -28,7 +28,23 @@ _PROXMOX_TAG = re.compile(r"^[a-z0-9_][a-z0-9_\-+.]*$", re.IGNORECASE)
 _STORAGE_ID = re.compile(r"^[a-z][a-z0-9\-_.]*[a-z0-9]$", re.IGNORECASE)
 _PROXMOX_NODE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$", re.IGNORECASE)  # pve-common 'pve-node'
 _BRIDGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$")  # a Linux interface name: at most 15 bytes
-_CPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+# The CPU types the Proxmox provider accepts (bpg/terraform-provider-proxmox v0.111.1,
+# proxmoxtf/resource/vm/validators.go): PVE's built-in models, or a custom model as `custom-<name>`.
+PROVIDER_CPU_TYPES = frozenset({
+    "486", "Broadwell", "Broadwell-IBRS", "Broadwell-noTSX", "Broadwell-noTSX-IBRS", "Cascadelake-Server",
+    "Cascadelake-Server-noTSX", "Cascadelake-Server-v2", "Cascadelake-Server-v4", "Cascadelake-Server-v5", "Conroe",
+    "Cooperlake", "Cooperlake-v2", "EPYC", "EPYC-Genoa", "EPYC-IBPB", "EPYC-Milan", "EPYC-Rome", "EPYC-Rome-v2",
+    "EPYC-Rome-v3", "EPYC-Rome-v4", "EPYC-v3", "EPYC-v4", "Haswell", "Haswell-IBRS", "Haswell-noTSX",
+    "Haswell-noTSX-IBRS", "Icelake-Client", "Icelake-Client-noTSX", "Icelake-Server", "Icelake-Server-noTSX",
+    "Icelake-Server-v3", "Icelake-Server-v4", "Icelake-Server-v5", "Icelake-Server-v6", "IvyBridge", "IvyBridge-IBRS",
+    "KnightsMill", "Nehalem", "Nehalem-IBRS", "Opteron_G1", "Opteron_G2", "Opteron_G3", "Opteron_G4", "Opteron_G5",
+    "Penryn", "SandyBridge", "SandyBridge-IBRS", "SapphireRapids", "Skylake-Client", "Skylake-Client-IBRS",
+    "Skylake-Client-noTSX-IBRS", "Skylake-Client-v4", "Skylake-Server", "Skylake-Server-IBRS",
+    "Skylake-Server-noTSX-IBRS", "Skylake-Server-v4", "Skylake-Server-v5", "Westmere", "Westmere-IBRS", "athlon",
+    "core2duo", "coreduo", "host", "kvm32", "kvm64", "max", "pentium", "pentium2", "pentium3", "phenom", "qemu32",
+    "qemu64", "x86-64-v2", "x86-64-v2-AES", "x86-64-v3", "x86-64-v4",
+})
+_CUSTOM_CPU_TYPE = re.compile(r"^custom-.+$")
 _STORAGE_EXPECTED = "is not a Proxmox datastore id (expected e.g. local-lvm: a letter, then letters, digits, '-', '_', '.')"
 _KERNEL_MODULE = re.compile(r"^[A-Za-z0-9_-]+$")
 _EXTENSION = re.compile(r"^[a-z0-9][a-z0-9._-]*/[a-z0-9][a-z0-9._-]*$")  # siderolabs/qemu-guest-agent
@@ -522,8 +538,9 @@ def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
                               _STORAGE_EXPECTED, default="local"),
         bridge=r.value(s, "bridge", "proxmox.bridge", _matching(_BRIDGE),
                        "is not a Linux bridge name (expected e.g. vmbr0, at most 15 characters)", default="vmbr0"),
-        cpu_type=r.value(s, "cpuType", "proxmox.cpuType", _matching(_CPU_TYPE),
-                         "is not a QEMU CPU type (expected e.g. host or x86-64-v2-AES)", default="host"),
+        cpu_type=r.value(s, "cpuType", "proxmox.cpuType", _cpu_type,
+                         "is not a CPU type the Proxmox provider accepts (expected one of PVE's built-in models, "
+                         "e.g. host or x86-64-v2-AES, or a custom model as custom-<name>)", default="host"),
         tags=r.value(s, "tags", "proxmox.tags", _list_of(_matching(_PROXMOX_TAG)),
                      "is not a list of Proxmox tags (letters, digits, '_', '-', '+', '.'; not starting with "
                      "'-', '+' or '.')", default=()),
@@ -535,8 +552,8 @@ def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
 def _read_image(r: _Reader, raw: Any) -> ImageSettings:
     s = r.section(raw, "image", ("factoryUrl", "platform", "arch", "secureBoot", "schematic"))
     return ImageSettings(
-        factory_url=r.value(s, "factoryUrl", "image.factoryUrl", _factory_url,
-                            "is not an http(s) URL (expected e.g. https://factory.talos.dev)",
+        factory_url=r.value(s, "factoryUrl", "image.factoryUrl", _http_base_url,
+                            "is not an http(s) URL with no query or fragment (expected e.g. https://factory.talos.dev)",
                             default="https://factory.talos.dev"),
         platform=r.value(s, "platform", "image.platform", _one_of("metal", "nocloud"),
                          "is not a supported platform (expected metal or nocloud)", default="metal"),
@@ -569,11 +586,19 @@ def _read_schematic(r: _Reader, raw: Any) -> dict:
     return dict(raw)
 
 
-def _factory_url(v: Any) -> str:
+def _http_base_url(v: Any) -> str:
     parts = urlsplit(_url_text(v))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    # A query or fragment: the image layer builds paths onto the URL and refuses one (images.iso_url).
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment \
+            or v.endswith(("?", "#")):
         raise ValueError
     return v.rstrip("/")
+
+
+def _cpu_type(v: Any) -> str:
+    if not isinstance(v, str) or not (v in PROVIDER_CPU_TYPES or _CUSTOM_CPU_TYPE.match(v)):
+        raise ValueError
+    return v
 
 
 def _read_cluster(r: _Reader, raw: Any) -> dict:
@@ -794,7 +819,7 @@ def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
         enabled=r.value(s, "enabled", "cilium.enabled", _bool, "is not true or false", default=True),
         version=r.value(s, "version", "cilium.version", _version, "is not a chart version (expected e.g. 1.19.6)",
                         default=DEFAULT_CILIUM_VERSION),
-        repository=r.value(s, "repository", "cilium.repository", _factory_url, "is not an http(s) chart repository URL",
+        repository=r.value(s, "repository", "cilium.repository", _http_base_url, "is not an http(s) chart repository URL with no query or fragment",
                            default="https://helm.cilium.io"),
         values=r.value(s, "values", "cilium.values", _mapping, "is not a mapping of Helm values", default={}),
         load_balancer_addresses=r.value(s, "loadBalancerAddresses", "cilium.loadBalancerAddresses",
