@@ -18,7 +18,11 @@ made through fakepve's PVE API), the Image Factory and the Kubernetes API stand-
   unreachable e2e-cp-2 powered off, then taken out of the stack: its etcd member is removed through
               e2e-cp-1, no reset is attempted, and the up succeeds;
   renamed, new_vm_ids, shrunk  refused in the preview, before any PVE request or node call:
-              cluster.name, two nodes' vmIds at once, e2e-cp-1's disk.
+              cluster.name, two nodes' vmIds at once, e2e-cp-1's disk;
+  datastore, secure_boot, nocloud, bridge, data_disks, grown_with_cores  refused the same way: what the
+              real Proxmox provider refuses on a running VM half-way through an up (moving disks, the TPM
+              state, the cloud-init drive; a disk grown beside a cores change), or PVE applies to every
+              running VM at once (a bridge, data disks on two nodes).
 """
 
 from __future__ import annotations
@@ -113,9 +117,29 @@ def ups(tmp_path_factory) -> dict:
         def shrink(config):
             config["nodes"][0]["disk"] = 10  # e2e-cp-1, 20 GiB
 
+        def section(key, **values):
+            def edit(config):
+                config[key] = {**config.get(key, {}), **values}
+            return edit
+
+        def data_disks(config):
+            for node in config["nodes"]:
+                node["dataDisk"] = {"size": 50}
+
+        def grown_with_cores(config):
+            config["nodes"][0].update(disk=30, cpu=6)
+
         done["renamed"] = deploy_now("renamed", without_cp2, fails=True, edits=[rename])
         done["new_vm_ids"] = deploy_now("new_vm_ids", without_cp2, fails=True, edits=[new_vm_ids])
         done["shrunk"] = deploy_now("shrunk", without_cp2, fails=True, edits=[shrink])
+        done["datastore"] = deploy_now("datastore", without_cp2, fails=True,
+                                       edits=[section("proxmox", vmDatastore="ceph-vm")])
+        done["secure_boot"] = deploy_now("secure_boot", without_cp2, fails=True,
+                                         edits=[section("image", secureBoot=True)])
+        done["nocloud"] = deploy_now("nocloud", without_cp2, fails=True, edits=[section("image", platform="nocloud")])
+        done["bridge"] = deploy_now("bridge", without_cp2, fails=True, edits=[section("proxmox", bridge="vmbr1")])
+        done["data_disks"] = deploy_now("data_disks", without_cp2, fails=True, edits=[data_disks])
+        done["grown_with_cores"] = deploy_now("grown_with_cores", without_cp2, fails=True, edits=[grown_with_cores])
         yield done
 
 
@@ -328,6 +352,21 @@ REFUSALS = [
     ("new_vm_ids", "renamed", ["nodes e2e-cp-1 (vmId 9142 -> 9202), e2e-worker-1 (vmId 9145 -> 9205) would each "
                                "have their VM replaced in one up", "so replace one node per `pulumi up`"]),
     ("shrunk", "new_vm_ids", ["node e2e-cp-1: disk 20 -> 10 GiB: Proxmox cannot shrink a disk"]),
+    # What the real Proxmox provider refuses on a running VM after the up's earlier changes have landed, or
+    # what PVE applies to every running VM at once: refused before any of it.
+    ("datastore", "shrunk", ["proxmox.vmDatastore 'local-lvm' -> 'ceph-vm' would change the VMs of e2e-cp-1, "
+                             "e2e-worker-1", "cannot move disks between datastores while the VM is running",
+                             "keep proxmox.vmDatastore: 'local-lvm' for this cluster"]),
+    ("secure_boot", "datastore", ["image.secureBoot False -> True would change the VMs of e2e-cp-1, e2e-worker-1",
+                                  "cannot add, remove, or update the TPM device while the VM is running"]),
+    ("nocloud", "secure_boot", ["image.platform 'metal' -> 'nocloud' would change the VMs of e2e-cp-1, e2e-worker-1",
+                                "cannot move the Cloud-Init drive while the VM is running"]),
+    ("bridge", "nocloud", ["proxmox.bridge 'vmbr0' -> 'vmbr1' would change the VMs of e2e-cp-1, e2e-worker-1",
+                           "drop off the network together"]),
+    ("data_disks", "bridge", ["nodes e2e-cp-1, e2e-worker-1 would each get a data disk in one up",
+                              "add data disks one node per `pulumi up`"]),
+    ("grown_with_cores", "data_disks", ["node e2e-cp-1: disk 20 -> 30 GiB and cpu 4 -> 6 in one up",
+                                        "grow the disk in one `pulumi up`, then change cpu 4 -> 6 in the next"]),
 ]
 
 
@@ -339,6 +378,7 @@ def test_refused_in_the_preview_with_the_reason_before_any_pve_request_or_node_c
         assert reason in refused.error
     assert refused.pve_requests == before.pve_requests
     assert not set(ROLL_ORDER) & set(refused.up.changes())  # no VM was planned
+    assert [e for e in ups["pve"].power_events if e.at > before.ended] == []  # no VM stopped or started
     for node in ROLL_ORDER:
         assert refused.new_calls(before, node) == [], node
 

@@ -40,6 +40,7 @@ def test_default_one_iso_virtio_scsi_pci_seabios_and_pod_dns_that_works(bundle):
     assert (iso.name, iso.inputs["nodeName"]) == ("image-iso", "pve")
     for vm in run.of_type(VM):
         assert vm.inputs["scsiHardware"] == "virtio-scsi-pci"
+        assert [disk["iothread"] for disk in vm.inputs["disks"]] == [False]  # ignored behind virtio-scsi-pci
         assert not {"bios", "machine", "efiDisk", "tpmState"} & set(vm.inputs)
     cilium = run.one(RELEASE, "cilium").inputs
     assert cilium["values"]["bpf"] == {"masquerade": True, "hostLegacyRouting": True}

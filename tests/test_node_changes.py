@@ -271,3 +271,61 @@ def test_a_node_in_a_new_vm_at_its_address_rejoins_and_is_waited_for_until_healt
                       {"name": "w-2", "address": "10.5.0.5", "role": "worker", "vm_id": 9105}]}
     assert [(n.name, n.address, n.role) for n in _rejoining(olds, news)] == [("cp-1", "10.5.0.1", "controlplane")]
     assert _rejoining(olds, olds) == [] and _rejoining({}, news) == []
+
+
+# --- what the Proxmox provider cannot change on running VMs, or PVE applies to all at once -------------
+
+MADE_WITH = dict(vm_datastore="local-lvm", bridge="vmbr0", secure_boot=False, platform="metal")
+
+
+def made_with(**changes) -> dict:
+    """OLD's nodes, each VM made with MADE_WITH and `changes`."""
+    found = plan()
+    for node in found["nodes"].values():
+        node["vm_made_with"] = {**MADE_WITH, **changes}
+    return found
+
+
+@pytest.mark.parametrize("change, key, quoted", [
+    ({"vm_datastore": "ceph-vm"}, "proxmox.vmDatastore 'local-lvm' -> 'ceph-vm'",
+     "cannot move disks between datastores while the VM is running"),
+    ({"secure_boot": True}, "image.secureBoot False -> True",
+     "cannot add, remove, or update the TPM device while the VM is running"),
+    ({"platform": "nocloud"}, "image.platform 'metal' -> 'nocloud'", "cannot move the Cloud-Init drive"),
+    ({"bridge": "vmbr1"}, "proxmox.bridge 'vmbr0' -> 'vmbr1'", "drop off the network together"),
+])
+def test_a_setting_every_vm_is_made_with_is_refused_once_naming_every_vm(change, key, quoted):
+    [problem] = node_changes.problems(made_with(), made_with(**change))
+    assert problem.startswith(f"{key} would change the VMs of cp-1, cp-2, cp-3, w-1: ")
+    assert quoted in problem
+    before = key.split(" ")[1]
+    assert problem.endswith(f"keep {key.split(' ')[0]}: {before} for this cluster (new VMs take it only when made, "
+                            f"and a cluster on another setting is a new stack)")
+
+
+def test_a_plan_from_before_vms_were_recorded_with_their_settings_has_nothing_to_compare():
+    assert node_changes.problems(plan(), made_with(vm_datastore="ceph-vm")) == []
+    new_node = made_with(bridge="vmbr1")
+    new_node["nodes"]["w-2"] = {**new_node["nodes"]["w-1"], "vm": vm(5)}
+    del new_node["nodes"]["w-1"]
+    old = made_with()
+    del old["nodes"]["w-1"]
+    assert [p.split(":")[0] for p in node_changes.problems(old, new_node)] == [
+        "proxmox.bridge 'vmbr0' -> 'vmbr1' would change the VMs of cp-1, cp-2, cp-3"]  # w-2 is new
+
+
+def test_data_disks_are_added_one_node_per_up():
+    assert node_changes.problems(OLD, plan({"w-1": {"data_disk_gb": 50}})) == []
+    [problem] = node_changes.problems(OLD, plan({"w-1": {"data_disk_gb": 50}, "cp-3": {"data_disk_gb": 50}}))
+    assert problem.startswith("nodes cp-3, w-1 would each get a data disk in one up: PVE hot-plugs")
+    assert problem.endswith("add data disks one node per `pulumi up`")
+
+
+def test_a_disk_grown_with_a_hardware_change_of_the_same_vm_is_refused_with_the_order_to_do_them_in():
+    [problem] = node_changes.problems(OLD, plan({"w-1": {"disk_gb": 30, "cores": 4}}))
+    assert problem == ("node w-1: disk 20 -> 30 GiB and cpu 2 -> 4 in one up: the Proxmox provider grows a running "
+                       "VM's disk only in an update with no change that waits for a restart (\"cannot resize disks "
+                       "while the VM is running\"); grow the disk in one `pulumi up`, then change cpu 2 -> 4 in the "
+                       "next")
+    # each on its own, or on different nodes, is fine
+    assert node_changes.problems(OLD, plan({"w-1": {"disk_gb": 30}, "cp-1": {"cores": 4}})) == []

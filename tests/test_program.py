@@ -212,7 +212,8 @@ def test_a_vm_is_replaced_delete_first_on_a_new_id_host_or_mac_after_the_node_pl
     assert {node["name"]: node["vm_id"] for node in installed.inputs["nodes"]} == {
         vm.name: vm.inputs["vmId"] for vm in vms}
     assert changes.inputs["nodes"]["master-1"] == {"role": "controlplane", "vm": regs[next(
-        u for u, r in regs.items() if r.name == "lifecycle-master-1")].inputs["vm"]}
+        u for u, r in regs.items() if r.name == "lifecycle-master-1")].inputs["vm"], "vm_made_with": {
+        "vm_datastore": "local-lvm", "bridge": "vmbr0", "secure_boot": False, "platform": "metal"}}
 
 
 def test_removing_a_worker_removes_only_its_resources(run):

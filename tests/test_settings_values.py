@@ -18,7 +18,7 @@ LONGEST_DNS_NAME = ".".join(["a" * 63] * 3 + ["b" * 61])
 NAME_EXPECTED = "is not a DNS domain (expected lowercase labels of letters, digits and '-', e.g. cluster.local)"
 LB_EXPECTED = ("is not a list of CIDRs or start-stop address ranges (expected e.g. [10.10.0.60/30] or "
                "[10.10.0.60-10.10.0.69])")
-URL_EXPECTED = "is not an http(s) URL (expected e.g. https://factory.talos.dev)"
+URL_EXPECTED = "is not an http(s) URL with no query or fragment (expected e.g. https://factory.talos.dev)"
 
 
 def dev(**sections) -> dict:

@@ -79,13 +79,21 @@ def vm_facts(settings: Settings, node: NodeSettings) -> dict[str, Any]:
 
 def node_change_plan(settings: Settings, installer_image: str) -> dict[str, Any]:
     """What NodeChanges records and checks (talos_proxmox.day_two.node_changes): the versions every node
-    runs, and each node's role and VM."""
+    runs, and each node's role, VM, data volume and what its VM is made with."""
     return dict(
         installer_image=installer_image,
         kubernetes_version=settings.cluster.kubernetes_version,
         nodes={node.name: {"role": node.role, "vm": vm_facts(settings, node),
-                           "data_volume": data_volume_facts(settings, node)} for node in settings.nodes},
+                           "data_volume": data_volume_facts(settings, node),
+                           "vm_made_with": vm_made_with(settings)} for node in settings.nodes},
     )
+
+
+def vm_made_with(settings: Settings) -> dict[str, Any]:
+    """What a node's VM is made with that Proxmox cannot change on it while it runs, or that PVE applies to
+    every running VM at once (talos_proxmox.day_two.node_changes.made_with_problems)."""
+    return dict(vm_datastore=settings.proxmox.vm_datastore, bridge=settings.proxmox.bridge,
+                secure_boot=settings.image.secure_boot, platform=settings.image.platform)
 
 
 def data_volume_facts(settings: Settings, node: NodeSettings) -> Optional[dict[str, str]]:

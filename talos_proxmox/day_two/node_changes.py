@@ -96,6 +96,77 @@ def recorded_data_volume(node: Mapping[str, Any]) -> Optional[Mapping[str, Any]]
     return None
 
 
+# vm_made_with fact -> (stack key, why it cannot change under running VMs)
+MADE_WITH = {
+    "vm_datastore": ("proxmox.vmDatastore",
+                     "Proxmox would have to move the disks of running VMs, which the Proxmox provider refuses "
+                     "after the up's earlier changes have landed (\"cannot move disks between datastores while the "
+                     "VM is running\")"),
+    "secure_boot": ("image.secureBoot",
+                    "running VMs would get or lose their TPM state and EFI disk, which the Proxmox provider refuses "
+                    "after the up's earlier changes have landed (\"cannot add, remove, or update the TPM device "
+                    "while the VM is running\"), and installed nodes would need another boot chain"),
+    "platform": ("image.platform",
+                 "running VMs would get or lose their cloud-init drive, which the Proxmox provider refuses after "
+                 "the up's earlier changes have landed (\"cannot move the Cloud-Init drive while the VM is "
+                 "running\"), and installed nodes run the other platform's image"),
+    "bridge": ("proxmox.bridge",
+               "PVE applies a NIC change to a running VM at once, so every node would move to the new bridge at "
+               "the same moment: the whole cluster, etcd with it, would drop off the network together"),
+}
+
+
+def made_with_problems(old_nodes: Mapping[str, Any], new_nodes: Mapping[str, Any]) -> list[str]:
+    """A setting every VM is made with, changed under VMs that exist: one line per setting, naming the nodes.
+    Such a setting is fixed for a cluster's VMs once they are made: the way is to keep it."""
+    changed: dict[str, dict[tuple, list[str]]] = {}
+    for name, node in sorted(new_nodes.items()):
+        before = (old_nodes.get(name) or {}).get("vm_made_with")
+        after = node.get("vm_made_with") or {}
+        if not before:
+            continue  # a new node, or a plan recorded before this was
+        for fact in MADE_WITH:
+            if fact in before and before[fact] != after.get(fact):
+                changed.setdefault(fact, {}).setdefault((before[fact], after.get(fact)), []).append(name)
+    problems = []
+    for fact, by_change in changed.items():
+        key, why = MADE_WITH[fact]
+        for (before, after), names in by_change.items():
+            problems.append(f"{key} {before!r} -> {after!r} would change the VMs of {', '.join(names)}: {why}; "
+                            f"keep {key}: {before!r} for this cluster (new VMs take it only when made, and a "
+                            f"cluster on another setting is a new stack)")
+    return problems
+
+
+def live_change_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Changes PVE applies to running VMs the moment the provider sends them, or that the provider cannot
+    make together: allowed one node per up, or one kind per up."""
+    old_nodes, new_nodes = old.get("nodes") or {}, new["nodes"]
+    problems = []
+    added_disks = [name for name, node in sorted(new_nodes.items()) if name in old_nodes
+                   and (old_nodes[name].get("vm") or {}).get("data_disk_gb") is None
+                   and (node.get("vm") or {}).get("data_disk_gb") is not None
+                   and "data_disk_gb" in (old_nodes[name].get("vm") or {})]
+    if len(added_disks) > 1:
+        problems.append(f"nodes {', '.join(added_disks)} would each get a data disk in one up: PVE hot-plugs a new "
+                        f"disk into every running VM the moment the provider sends it, and each node's config "
+                        f"then changes to use it; add data disks one node per `pulumi up`")
+    for name, node in sorted(new_nodes.items()):
+        if name not in old_nodes:
+            continue
+        old_vm, new_vm = with_integers(old_nodes[name].get("vm") or {}), with_integers(node.get("vm") or {})
+        grown = [f"{key} {old_vm[fact]} -> {new_vm[fact]} GiB" for fact, key in DISKS.items()
+                 if old_vm.get(fact) is not None and new_vm.get(fact) is not None and new_vm[fact] > old_vm[fact]]
+        rolled = hardware_changes(old_nodes[name].get("vm"), node.get("vm") or {})
+        if grown and rolled:
+            what = ", ".join(f"{HARDWARE[fact]} {before} -> {after}" for fact, (before, after) in rolled.items())
+            problems.append(f"node {name}: {', '.join(grown)} and {what} in one up: the Proxmox provider grows a "
+                            f"running VM's disk only in an update with no change that waits for a restart (\"cannot "
+                            f"resize disks while the VM is running\"); grow the disk in one `pulumi up`, then "
+                            f"change {what} in the next")
+    return problems
+
+
 def other_changes(old: Mapping[str, Any], new: Mapping[str, Any], replaced: str) -> list[str]:
     """What else this up does to nodes besides replacing `replaced`'s VM, each a short phrase."""
     found = []
@@ -122,6 +193,8 @@ def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[s
     found = [problem for name, node in sorted(new["nodes"].items()) if name in old_nodes
              for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})
              + data_volume_problems(name, recorded_data_volume(old_nodes[name]), node.get("data_volume"))]
+    found += made_with_problems(old_nodes, new["nodes"])
+    found += live_change_problems(old, new)
     replaced = replaced_nodes(old, new)
     described = {name: ", ".join(changes) for name, changes in replaced.items()}
     if len(replaced) > 1:

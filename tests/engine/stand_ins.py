@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -49,6 +50,7 @@ class EngineUp:
     state: dict
     pve_requests: int
     stopped_in_preview: bool = False
+    ended: float = 0.0  # time.monotonic() when this up (or its failed preview) was done
 
     def steps(self, op: str) -> set[str]:
         return {name for name, step_op in self.up.steps().items() if step_op == op}
@@ -101,7 +103,7 @@ class EngineCluster(StandInCluster):
         return EngineUp(preview, up, after_preview, {n: list(f.calls) for n, f in self.nodes.items()},
                         {n: f.mode for n, f in self.nodes.items()}, outputs,
                         {key for key, value in shown.items() if value == "[secret]"}, rendered, config,
-                        project.export(), len(self.pve.requests), stopped_in_preview=stopped)
+                        project.export(), len(self.pve.requests), stopped_in_preview=stopped, ended=time.monotonic())
 
 
 def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file: Path, **options) -> dict:
