@@ -39,7 +39,7 @@ class TalosCluster(pulumi.ComponentResource):
         facts = image_facts(settings)
 
         self.image = TalosImage(
-            "image", img.schematic, c.talos_version, factory_url=img.factory_url, platform=img.platform,
+            "image", img.schematic, c.talos_version, cluster=c.name, factory_url=img.factory_url, platform=img.platform,
             arch=img.arch, secure_boot=img.secure_boot, proxmox_nodes=iso_hosts(settings), iso_datastore=px.iso_datastore,
             opts=child)
 

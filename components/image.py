@@ -21,16 +21,17 @@ from providers.schematic import Schematic
 ISO_DOWNLOAD_TIMEOUT_SECONDS = 1800
 
 
-def proxmox_iso_name(sid: str, talos_version: str, platform: str, arch: str, secure_boot: bool) -> str:
-    """A datastore file name unique per schematic and version, so a new image never overwrites one in use."""
-    return f"talos-{sid[:12]}-{normalize_version(talos_version)}-{iso_file_name(platform, arch, secure_boot)}"
+def proxmox_iso_name(cluster: str, sid: str, talos_version: str, platform: str, arch: str, secure_boot: bool) -> str:
+    """A datastore file name unique per cluster, schematic and version: a new image never overwrites one in
+    use, and no other cluster's stack ever holds a file of that name."""
+    return f"talos-{cluster}-{sid[:12]}-{normalize_version(talos_version)}-{iso_file_name(platform, arch, secure_boot)}"
 
 
 class TalosImage(pulumi.ComponentResource):
     """Registers the schematic and has Proxmox fetch the factory ISO into `iso_datastore` on each of
     `proxmox_nodes` (the first is the stack's own Proxmox node; with a shared datastore it is the only one).
 
-    `iso_file_ids[host]` (e.g. `local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM on that
+    `iso_file_ids[host]` (e.g. `local:iso/talos-dev-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM on that
     host takes for its CD-ROM; `iso_file_id` is the first host's; `installer_image` goes into
     `machine.install.image`.
     """
@@ -41,7 +42,7 @@ class TalosImage(pulumi.ComponentResource):
     schematic_id: pulumi.Output[str]
     iso_url: pulumi.Output[str]
 
-    def __init__(self, name: str, schematic: Mapping[str, Any], talos_version: str, *,
+    def __init__(self, name: str, schematic: Mapping[str, Any], talos_version: str, *, cluster: str,
                  factory_url: str = DEFAULT_FACTORY_URL, platform: str = "metal", arch: str = "amd64",
                  secure_boot: bool = False, proxmox_nodes: Sequence[str], iso_datastore: str = "local",
                  factory_timeout: float = DEFAULT_TIMEOUT_SECONDS,
@@ -50,7 +51,7 @@ class TalosImage(pulumi.ComponentResource):
         # Validate every setting before registering anything, so a bad stack leaves no half-made tree.
         sid = schematic_id(schematic)
         factory_iso_url(factory_url, sid, talos_version, platform, arch, secure_boot)
-        file_name = proxmox_iso_name(sid, talos_version, platform, arch, secure_boot)
+        file_name = proxmox_iso_name(cluster, sid, talos_version, platform, arch, secure_boot)
 
         super().__init__("talos-proxmox:index:TalosImage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -59,9 +60,10 @@ class TalosImage(pulumi.ComponentResource):
             f"{name}-schematic", schematic, talos_version, factory_url=factory_url, platform=platform,
             arch=arch, secure_boot=secure_boot, timeout=factory_timeout, opts=child)
 
-        # The name pins schematic and version, so a file of that name is this image: another stack's download
-        # of it is adopted (overwrite_unmanaged) and kept when this stack lets go of it (retain_on_delete),
-        # since that stack's VMs may boot it. A size check against the factory would only fetch it again.
+        # The name pins cluster, schematic and version. The provider deletes and downloads again a file of
+        # that name it does not manage (overwrite_unmanaged): with the cluster in the name that can only be
+        # this cluster's own copy (one a lost state left behind), never another stack's ISO its VMs boot.
+        # Kept when this stack lets go of it (retain_on_delete): a VM not yet moved to the new one may boot it.
         self.isos = {
             host: proxmoxve.download.File(
                 f"{name}-iso" if index == 0 else f"{name}-iso-{host}",

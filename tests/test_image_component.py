@@ -60,13 +60,13 @@ def mocks():
 
 @pulumi.runtime.test
 def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
-    image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", factory_url="https://factory.talos.dev",
+    image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", cluster="test-cluster", factory_url="https://factory.talos.dev",
                        proxmox_nodes=["pve1"], iso_datastore="local")
 
     def check(values):
         iso_file_id, installer, sid, iso_url = values
         file_inputs = mocks.inputs["talos-iso"]
-        expected_name = f"talos-{SEED_ID[:12]}-v1.13.7-metal-amd64.iso"
+        expected_name = f"talos-test-cluster-{SEED_ID[:12]}-v1.13.7-metal-amd64.iso"
         assert file_inputs == {
             "contentType": "iso",
             "datastoreId": "local",
@@ -104,7 +104,7 @@ def test_talos_image_downloads_the_factory_iso_into_proxmox(mocks):
 
 @pulumi.runtime.test
 def test_private_factory_secure_boot_arm64(mocks):
-    image = TalosImage("img", SEED_SCHEMATIC, "1.13.7", factory_url="http://127.0.0.1:8080/",
+    image = TalosImage("img", SEED_SCHEMATIC, "1.13.7", cluster="test-cluster", factory_url="http://127.0.0.1:8080/",
                        platform="metal", arch="arm64", secure_boot=True, proxmox_nodes=["pve2"],
                        iso_datastore="isos")
 
@@ -112,7 +112,7 @@ def test_private_factory_secure_boot_arm64(mocks):
         iso_file_id, installer = values
         file_inputs = mocks.inputs["img-iso"]
         assert file_inputs["url"] == f"http://127.0.0.1:8080/image/{SEED_ID}/v1.13.7/metal-arm64-secureboot.iso"
-        assert file_inputs["fileName"] == f"talos-{SEED_ID[:12]}-v1.13.7-metal-arm64-secureboot.iso"
+        assert file_inputs["fileName"] == f"talos-test-cluster-{SEED_ID[:12]}-v1.13.7-metal-arm64-secureboot.iso"
         assert (file_inputs["nodeName"], file_inputs["datastoreId"]) == ("pve2", "isos")
         assert iso_file_id == f"isos:iso/{file_inputs['fileName']}"
         assert installer == f"127.0.0.1:8080/installer-secureboot/{SEED_ID}:v1.13.7"
@@ -123,16 +123,18 @@ def test_private_factory_secure_boot_arm64(mocks):
 @pulumi.runtime.test
 def test_a_new_schematic_or_version_gets_a_new_file_name(mocks):
     other = {"customization": {"extraKernelArgs": ["net.ifnames=0"]}}
-    names = {proxmox_iso_name(SEED_ID, "v1.13.7", "metal", "amd64", False),
-             proxmox_iso_name(SEED_ID, "v1.13.8", "metal", "amd64", False),
-             proxmox_iso_name(SEED_ID, "v1.13.7", "nocloud", "amd64", False)}
-    assert len(names) == 3
-    image = TalosImage("other", other, "v1.13.7", proxmox_nodes=["pve1"])
+    names = {proxmox_iso_name("test-cluster", SEED_ID, "v1.13.7", "metal", "amd64", False),
+             proxmox_iso_name("test-cluster", SEED_ID, "v1.13.8", "metal", "amd64", False),
+             proxmox_iso_name("test-cluster", SEED_ID, "v1.13.7", "nocloud", "amd64", False),
+             # another cluster's copy of the same image: the provider never deletes the other's file as unmanaged
+             proxmox_iso_name("prod", SEED_ID, "v1.13.7", "metal", "amd64", False)}
+    assert len(names) == 4
+    image = TalosImage("other", other, "v1.13.7", cluster="test-cluster", proxmox_nodes=["pve1"])
 
     def check(values):
         sid, iso_file_id = values
         assert sid != SEED_ID
-        assert iso_file_id == f"local:iso/talos-{sid[:12]}-v1.13.7-metal-amd64.iso"
+        assert iso_file_id == f"local:iso/talos-test-cluster-{sid[:12]}-v1.13.7-metal-amd64.iso"
 
     return pulumi.Output.all(image.schematic_id, image.iso_file_id).apply(check)
 
@@ -141,12 +143,12 @@ def test_bad_settings_fail_before_anything_is_registered(mocks):
     @pulumi.runtime.test
     def attempt():  # runs the program and waits for every registration it started
         with pytest.raises(SchematicError, match="customization: unknown key 'systemExtension'"):
-            TalosImage("bad", {"customization": {"systemExtension": {}}}, "v1.13.7", proxmox_nodes=["pve1"])
+            TalosImage("bad", {"customization": {"systemExtension": {}}}, "v1.13.7", cluster="test-cluster", proxmox_nodes=["pve1"])
         with pytest.raises(SchematicError, match="arch: 'x86_64' is not one of amd64, arm64"):
-            TalosImage("bad2", SEED_SCHEMATIC, "v1.13.7", arch="x86_64", proxmox_nodes=["pve1"])
+            TalosImage("bad2", SEED_SCHEMATIC, "v1.13.7", cluster="test-cluster", arch="x86_64", proxmox_nodes=["pve1"])
         with pytest.raises(SchematicError, match="factory_url: 'factory.talos.dev' is not an http"):
-            TalosImage("bad3", SEED_SCHEMATIC, "v1.13.7", factory_url="factory.talos.dev", proxmox_nodes=["pve1"])
-        TalosImage("good", SEED_SCHEMATIC, "v1.13.7", proxmox_nodes=["pve1"])
+            TalosImage("bad3", SEED_SCHEMATIC, "v1.13.7", cluster="test-cluster", factory_url="factory.talos.dev", proxmox_nodes=["pve1"])
+        TalosImage("good", SEED_SCHEMATIC, "v1.13.7", cluster="test-cluster", proxmox_nodes=["pve1"])
 
     attempt()
     assert sorted(mocks.monitor.registrations) == ["good", "good-iso", "good-schematic"]
@@ -155,7 +157,7 @@ def test_bad_settings_fail_before_anything_is_registered(mocks):
 @pulumi.runtime.test
 def test_every_proxmox_host_gets_its_own_copy_under_a_stable_name(mocks):
     """VMs on other hosts boot a copy on their host; the first host keeps the single-host resource name."""
-    image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", proxmox_nodes=["pve1", "pve2", "pve3", "pve2"])
+    image = TalosImage("talos", SEED_SCHEMATIC, "v1.13.7", cluster="test-cluster", proxmox_nodes=["pve1", "pve2", "pve3", "pve2"])
 
     def check(ids):
         assert set(image.iso_file_ids) == {"pve1", "pve2", "pve3"}

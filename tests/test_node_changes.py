@@ -316,6 +316,11 @@ def test_a_plan_from_before_vms_were_recorded_with_their_settings_has_nothing_to
 
 def test_data_disks_are_added_one_node_per_up():
     assert node_changes.problems(OLD, plan({"w-1": {"data_disk_gb": 50}})) == []
+    through_the_engine = plan()  # None facts come back absent
+    for node in through_the_engine["nodes"].values():
+        del node["vm"]["data_disk_gb"]
+    assert len(node_changes.problems(through_the_engine, plan({"w-1": {"data_disk_gb": 50},
+                                                                "cp-1": {"data_disk_gb": 50}}))) == 1
     [problem] = node_changes.problems(OLD, plan({"w-1": {"data_disk_gb": 50}, "cp-3": {"data_disk_gb": 50}}))
     assert problem.startswith("nodes cp-3, w-1 would each get a data disk in one up: PVE hot-plugs")
     assert problem.endswith("add data disks one node per `pulumi up`")

@@ -13,7 +13,7 @@ from talos_proxmox.cluster_plan.resource_inputs import node_change_plan
 from talos_proxmox.settings.stack import load_settings
 from tests.mocked_program import run_program, stack_config
 
-ISO = "local:iso/talos-e142ceb080fb-v1.13.7-metal-amd64.iso"
+ISO = "local:iso/talos-test-cluster-e142ceb080fb-v1.13.7-metal-amd64.iso"
 
 
 @pytest.fixture(scope="module")

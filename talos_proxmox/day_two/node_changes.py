@@ -143,10 +143,10 @@ def live_change_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     make together: allowed one node per up, or one kind per up."""
     old_nodes, new_nodes = old.get("nodes") or {}, new["nodes"]
     problems = []
+    # (through the engine a None fact comes back absent: no data disk either way)
     added_disks = [name for name, node in sorted(new_nodes.items()) if name in old_nodes
                    and (old_nodes[name].get("vm") or {}).get("data_disk_gb") is None
-                   and (node.get("vm") or {}).get("data_disk_gb") is not None
-                   and "data_disk_gb" in (old_nodes[name].get("vm") or {})]
+                   and (node.get("vm") or {}).get("data_disk_gb") is not None]
     if len(added_disks) > 1:
         problems.append(f"nodes {', '.join(added_disks)} would each get a data disk in one up: PVE hot-plugs a new "
                         f"disk into every running VM the moment the provider sends it, and each node's config "

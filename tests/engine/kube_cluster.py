@@ -191,8 +191,8 @@ class _Starter:
             self.processes.pop().stop()
 
 
-def _ok(url: str, **kwargs) -> bool:
-    response = requests.get(url, timeout=2, **kwargs)
+def _ok(session: requests.Session, url: str) -> bool:
+    response = session.get(url, timeout=2)
     return response.status_code == 200 and response.text.strip() == "ok"
 
 
@@ -245,6 +245,7 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
         kubeconfigs[name] = _write(workdir / f"{name}.kubeconfig", kubeconfig_yaml(url, ca_pem, *client(user), user))
 
     session = requests.Session()
+    session.trust_env = False  # loopback only: no proxy, and REQUESTS_CA_BUNDLE must not replace our CA
     session.verify = str(ca_file)
     session.cert = (str(admin_cert_file), str(admin_key_file))
 
@@ -257,7 +258,7 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             f"--initial-cluster=kube-cluster={peer_url}",
             "--unsafe-no-fsync",  # a throw-away member: no need to wait for the disk
         ])
-        starter.wait_ready(etcd, lambda: _ok(etcd_url + "/readyz"), "/readyz")
+        starter.wait_ready(etcd, lambda: _ok(session, etcd_url + "/readyz"), "/readyz")
 
         apiserver = starter.start("kube-apiserver", [
             "kube-apiserver", f"--etcd-servers={etcd_url}",
@@ -270,10 +271,10 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             f"--service-account-key-file={sa_pub_file}", f"--service-account-signing-key-file={sa_key_file}",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
         ])
-        starter.wait_ready(apiserver, lambda: _ok(url + "/readyz", verify=session.verify, cert=session.cert),
-                           "/readyz")
+        starter.wait_ready(apiserver, lambda: _ok(session, url + "/readyz"), "/readyz")
 
-        # The controller manager and the scheduler, each as its own user (RBAC's bootstrap bindings).
+        # The controller manager and the scheduler, each as its own user (RBAC's bootstrap bindings) and
+        # serving its /healthz under the same CA.
         for name, extra in (
             ("controller-manager", [f"--service-account-private-key-file={sa_key_file}", f"--root-ca-file={ca_file}",
                                     f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -281,12 +282,14 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             ("scheduler", []),
         ):
             kubeconfig, port = kubeconfigs[name], ports[name]
+            cert, key = pki.issue_certificate(ca_pem, ca_key, common_name=f"kube-{name}", key_type=key_type,
+                                              server=True, dns_names=("localhost",), ip_addresses=("127.0.0.1",))
             process = starter.start(f"kube-{name}", [
                 f"kube-{name}", f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
                 f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
-                f"--secure-port={port}", "--leader-elect=false", *extra])
-            # Its serving certificate is self-signed: only the answer matters here.
-            starter.wait_ready(process, lambda port=port: _ok(f"https://127.0.0.1:{port}/healthz", verify=False),
+                f"--secure-port={port}", f"--tls-cert-file={_write(workdir / f'{name}.crt', cert, 0o644)}",
+                f"--tls-private-key-file={_write(workdir / f'{name}.key', key)}", "--leader-elect=false", *extra])
+            starter.wait_ready(process, lambda port=port: _ok(session, f"https://127.0.0.1:{port}/healthz"),
                                "/healthz")
 
         kwok = starter.start("kwok", [
@@ -294,7 +297,7 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             "--manage-all-nodes=true", "--node-lease-duration-seconds=40",
             f"--cidr={POD_CIDR}", f"--node-ip={NODE_IP}", f"--server-address=127.0.0.1:{ports['kwok']}",
         ])
-        starter.wait_ready(kwok, lambda: _ok(f"http://127.0.0.1:{ports['kwok']}/healthz"), "/healthz")
+        starter.wait_ready(kwok, lambda: _ok(session, f"http://127.0.0.1:{ports['kwok']}/healthz"), "/healthz")
 
         yield KubeCluster(url, ca_pem, admin_kubeconfig, workdir, session)
     finally:
