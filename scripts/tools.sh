@@ -31,7 +31,8 @@ module_replaces() {
 
 # go_tool NAME MODULE VERSION PACKAGE [LDFLAGS [NESTED_MODULE...]]
 # Builds PACKAGE (inside MODULE@VERSION) in a throw-away module that copies MODULE's replace lines;
-# nested modules that MODULE replaces by a relative path are required at VERSION instead.
+# nested modules that MODULE replaces by a relative path are required at VERSION instead. With
+# go_tool_replaces=FUNCTION set, FUNCTION GOMOD prints more replace lines for the throw-away module.
 # Every step checks its own result: this runs under `attempt`, where `set -e` does not apply.
 go_tool() {
   local name=$1 module=$2 version=$3 package=$4 ldflags=${5:-}
@@ -54,6 +55,7 @@ go_tool() {
     cd "$work" &&
       go mod init "local/build-$name" >/dev/null 2>&1 &&
       module_replaces "$gomod" >> go.mod &&
+      "${go_tool_replaces:-true}" "$gomod" >> go.mod &&
       go get "${gets[@]}" &&
       go build -trimpath -ldflags "-s -w $ldflags" -o "$out/$name" "$package"
   ) || return 1
@@ -89,6 +91,31 @@ blocked() {
 
 attempt pulumi go_tool pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi \
   "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
+
+# The Kubernetes control plane the engine tier runs (tests/engine/kube_cluster.py): etcd, whose main
+# package is the root of go.etcd.io/etcd/server/v3 (its relative replaces dropped: its own requires name
+# its sibling modules at the same release), and kwok, playing the nodes' kubelets.
+attempt etcd go_tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+attempt kwok go_tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+
+# k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0 and
+# replaces them by ./staging/src paths: outside its repository each is replaced by its published
+# release instead, v0.MINOR.PATCH for Kubernetes v1.MINOR.PATCH.
+kubernetes_staging_replaces() {
+  awk -v v="v0.${KUBERNETES_VERSION#v1.}" '$2 == "=>" && $3 ~ /^\.\/staging\// {print "replace " $1 " => " $1 " " v}' "$1"
+}
+# kube-apiserver, kube-controller-manager, kube-scheduler; the version ldflags make /version and
+# --version say the release (v0.0.0-master without them).
+kubernetes_tool() {
+  local name=$1 minor=${KUBERNETES_VERSION#v1.} version=k8s.io/component-base/version
+  minor=${minor%%.*}
+  go_tool_replaces=kubernetes_staging_replaces go_tool "$name" k8s.io/kubernetes "$KUBERNETES_VERSION" \
+    "k8s.io/kubernetes/cmd/$name" \
+    "-X $version.gitVersion=$KUBERNETES_VERSION -X $version.gitMajor=1 -X $version.gitMinor=$minor"
+}
+for each in kube-apiserver kube-controller-manager kube-scheduler; do
+  attempt "$each" kubernetes_tool "$each"
+done
 
 # source_tool NAME VERSION TARBALL MODULE_DIR PACKAGE LDFLAGS PREPARE
 # Builds PACKAGE from an upstream tarball in ../shared/third_party (modules the proxy refuses), after
