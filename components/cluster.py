@@ -18,7 +18,13 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
-from talos_proxmox.cluster_plan.resource_inputs import image_facts, iso_hosts, node_change_plan, talosconfig_inputs
+from talos_proxmox.cluster_plan.resource_inputs import (
+    image_facts,
+    iso_hosts,
+    node_change_plan,
+    proxmox_paths,
+    talosconfig_inputs,
+)
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.settings.stack import Settings
 from providers.node_lifecycle import NodeChanges
@@ -38,10 +44,15 @@ class TalosCluster(pulumi.ComponentResource):
         c, px, img = settings.cluster, settings.proxmox, settings.image
         facts = image_facts(settings)
 
+        # What this up changes about the nodes, and whether the API token may make the calls it takes:
+        # refused here (in the preview, before the ISO or any VM) when it may not happen.
+        self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
+                                        proxmox_paths=proxmox_paths(settings), opts=child)
+
         self.image = TalosImage(
             "image", img.schematic, c.talos_version, cluster=c.name, factory_url=img.factory_url, platform=img.platform,
             arch=img.arch, secure_boot=img.secure_boot, proxmox_nodes=iso_hosts(settings), iso_datastore=px.iso_datastore,
-            opts=child)
+            after=[self.node_changes], opts=child)
 
         # The cluster's identity: losing or replacing it orphans every node, hence protect.
         self.secrets = MachineSecrets(
@@ -50,10 +61,6 @@ class TalosCluster(pulumi.ComponentResource):
 
         self.talosconfig_resource = Talosconfig(
             "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
-
-        # What this up changes about the nodes, refused here (before any VM) when it may not happen.
-        self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
-                                        opts=child)
 
         # Keyed by node name: removing a node from the stack removes only its resources. Made in roll
         # order (control planes first) so each node's lifecycle can follow the one before it.

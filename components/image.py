@@ -31,6 +31,7 @@ class TalosImage(pulumi.ComponentResource):
     """Registers the schematic and has Proxmox fetch the factory ISO into `iso_datastore` on each of
     `proxmox_nodes` (the first is the stack's own Proxmox node; with a shared datastore it is the only one).
 
+    `after`: what the downloads wait for (the cluster's node-change and privilege check).
     `iso_file_ids[host]` (e.g. `local:iso/talos-dev-e142ceb080fb-v1.13.7-metal-amd64.iso`) is what a VM on that
     host takes for its CD-ROM; `iso_file_id` is the first host's; `installer_image` goes into
     `machine.install.image`.
@@ -46,7 +47,7 @@ class TalosImage(pulumi.ComponentResource):
                  factory_url: str = DEFAULT_FACTORY_URL, platform: str = "metal", arch: str = "amd64",
                  secure_boot: bool = False, proxmox_nodes: Sequence[str], iso_datastore: str = "local",
                  factory_timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 download_timeout: int = ISO_DOWNLOAD_TIMEOUT_SECONDS,
+                 download_timeout: int = ISO_DOWNLOAD_TIMEOUT_SECONDS, after: Sequence[pulumi.Resource] = (),
                  opts: Optional[pulumi.ResourceOptions] = None):
         # Validate every setting before registering anything, so a bad stack leaves no half-made tree.
         sid = schematic_id(schematic)
@@ -75,7 +76,7 @@ class TalosImage(pulumi.ComponentResource):
                 overwrite=False,
                 overwrite_unmanaged=True,
                 upload_timeout=download_timeout,
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.schematic], retain_on_delete=True))
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[self.schematic, *after], retain_on_delete=True))
             for index, host in enumerate(dict.fromkeys(proxmox_nodes))}
         self.iso = next(iter(self.isos.values()))
         self.iso_file_ids = {host: iso.id for host, iso in self.isos.items()}

@@ -15,8 +15,8 @@ to the pure core in talos_proxmox; a provider only maps Pulumi's calls onto it.
 | node_lifecycle | NodeLifecycle: upgrades, Kubernetes rolls and removal of one node; NodeChanges: the node plan, checked before any VM |
 | cluster_health | ClusterHealth: the wait for a healthy cluster |
 
-dynamic_talos, schematic_resource, cluster_health_resource and talos_api.resources are import shims:
-stacks deployed before the layout change hold providers pickled under those module paths.
+Stacks deployed before the layout change hold providers pickled under four module paths that are gone;
+`pickled_paths` keeps them loadable, registered below whenever this package is imported.
 """
 
 from __future__ import annotations
@@ -56,3 +56,8 @@ def vm_replaced(olds: Mapping, news: Mapping) -> bool:
 def check_result(news: dict, property_name: str, error: Exception | None) -> dynamic.CheckResult:
     failures = [dynamic.CheckFailure(property_name, str(error))] if error else []
     return dynamic.CheckResult(news, failures)
+
+
+from providers import pickled_paths  # noqa: E402 - after the helpers above, which the providers import
+
+pickled_paths.register()

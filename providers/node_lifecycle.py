@@ -42,7 +42,7 @@ import pulumi.dynamic as dynamic
 
 from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_changes, node_removal, rolling, vm_hardware
 from talos_proxmox.day_two.progress import progress_printer
-from talos_proxmox.proxmox_api import vms
+from talos_proxmox.proxmox_api import privileges, vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns, vm_replaced
@@ -308,12 +308,35 @@ def _plan(props: dict[str, Any]) -> dict[str, Any]:
 
 
 class NodeChangesProvider(dynamic.ResourceProvider):
-    """Records the plan; nothing on any node or VM happens here (see the module docstring)."""
+    """Records the plan; nothing on any node or VM happens here (see the module docstring). Its check
+    also reads the API token's privileges on the cluster's Proxmox paths (a read, in the preview too)."""
+
+    def configure(self, req: dynamic.ConfigureRequest) -> None:
+        self._config_get = req.config.get
 
     def check(self, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.CheckResult:
         old = _plan(olds) if olds.get("nodes") is not None else None
-        return dynamic.CheckResult(news, [dynamic.CheckFailure("nodes", problem)
-                                          for problem in node_changes.problems(old, _plan(news))])
+        failures = [dynamic.CheckFailure("nodes", problem) for problem in node_changes.problems(old, _plan(news))]
+        failures += [dynamic.CheckFailure("proxmox_paths", problem) for problem in self._privilege_problems(news)]
+        return dynamic.CheckResult(news, failures)
+
+    def _privilege_problems(self, news: dict[str, Any]) -> list[str]:
+        paths = news.get("proxmox_paths")
+        try:
+            access = ProxmoxAccess.from_settings(getattr(self, "_config_get", lambda _key: None))
+        except ProxmoxAccessError:
+            return []  # no credentials here: the Proxmox provider says what it misses itself
+        if not paths:
+            return []
+        wanted = privileges.needs(paths["hosts"], paths["vm_datastore"], paths["iso_datastore"], paths["bridge"],
+                                  [None if vm_id is None else int(vm_id) for vm_id in paths["vm_ids"]])
+        api = access.connect()
+        try:
+            return privileges.missing(
+                wanted, lambda path: privileges.effective(api.access.permissions.get(path=path) or {}, path))
+        except Exception as exc:  # noqa: BLE001 - proxmoxer raises its own and requests' errors
+            return [f"could not read the Proxmox API token's privileges from {access.host}:{access.port}: "
+                    f"{type(exc).__name__}: {exc}"]
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         return dynamic.CreateResult(id_="node-changes", outs=_plan(props))
@@ -339,6 +362,8 @@ class NodeChanges(dynamic.Resource):
     nodes: pulumi.Output[dict]
 
     def __init__(self, name: str, *, installer_image: str, kubernetes_version: Optional[str], nodes: dict,
-                 opts: Optional[pulumi.ResourceOptions] = None):
-        props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes}
+                 proxmox_paths: Optional[dict] = None, opts: Optional[pulumi.ResourceOptions] = None):
+        props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes,
+                 # (resource_inputs.proxmox_paths) not part of the plan: checked, never recorded as a change
+                 "proxmox_paths": proxmox_paths}
         super().__init__(NodeChangesProvider(), name, props, opts)

@@ -105,6 +105,7 @@ class ProxmoxStandIn(FakePve):
         self._events_lock = threading.Lock()
         self.guest_named: Optional[Callable[[str], Optional[FakeTalosNode]]] = None
         self._never_started: set[int] = set()  # VMs made through the API, to boot from the ISO first
+        self.privilege_reads: list[str] = []  # the paths of `GET /access/permissions?path=`, in order
 
     def provider_config(self) -> dict[str, str]:
         """The stack config the Proxmox provider (and day two) read to reach this host."""
@@ -167,6 +168,14 @@ class ProxmoxStandIn(FakePve):
             guest.go_down()
             self._power_event(vm, "off")
         return upid
+
+    def _record(self, request, body):
+        # The program's privilege check reads the token's privileges in every preview: kept apart, so
+        # `requests` stays what changes or reads the VMs and storage, in order.
+        if request.method == "GET" and request.path.endswith("/access/permissions"):
+            self.privilege_reads.append(request.query.get("path", ""))
+            return
+        super()._record(request, body)
 
     # --- PVE as the real provider meets it (see the module's docstring) ---------------------------
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pulumi.output import Unknown
 
-from providers import dynamic_talos, node_lifecycle, talos_operations
+from providers import machine_configuration, node_lifecycle, talos_operations
+from providers.talosconfig import TalosconfigProvider
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_config import client_config
 from tests.talos_api_server import shared_bundle
@@ -21,9 +22,9 @@ def test_providers_take_unknowns_as_the_dynamic_provider_host_passes_them():
     unknown = Unknown()
     config_inputs = {"secrets": unknown, "cluster_name": "dev", "endpoint": "https://127.0.0.100:6443",
                      "role": "worker", "talos_version": "v1.13.7", "kubernetes_version": "1.36.2", "patches": []}
-    assert dynamic_talos.MachineConfigurationProvider().check({}, config_inputs).failures == []
+    assert machine_configuration.MachineConfigurationProvider().check({}, config_inputs).failures == []
     talosconfig_inputs = {"secrets": unknown, "context": "dev", "endpoints": ["127.0.0.2"], "nodes": ["127.0.0.2"]}
-    assert dynamic_talos.TalosconfigProvider().check({}, talosconfig_inputs).failures == []
+    assert TalosconfigProvider().check({}, talosconfig_inputs).failures == []
     apply_olds = {"node": "127.0.0.5", "mode": "auto", "timeout_seconds": 600, "config_sha256": "0" * 64}
     apply_news = {**apply_olds, "machine_configuration": unknown}
     assert talos_operations.ConfigurationApplyProvider().diff("127.0.0.5", apply_olds, apply_news).changes is True

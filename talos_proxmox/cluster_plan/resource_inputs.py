@@ -89,6 +89,15 @@ def node_change_plan(settings: Settings, installer_image: str) -> dict[str, Any]
     )
 
 
+def proxmox_paths(settings: Settings) -> dict[str, Any]:
+    """The Proxmox paths the cluster's PVE calls touch, for the token's privilege check
+    (talos_proxmox.proxmox_api.privileges.needs)."""
+    px = settings.proxmox
+    return dict(hosts=list(dict.fromkeys([*iso_hosts(settings), *(n.proxmox_node for n in settings.nodes)])),
+                vm_datastore=px.vm_datastore, iso_datastore=px.iso_datastore, bridge=px.bridge,
+                vm_ids=[n.vm_id for n in settings.nodes])
+
+
 def vm_made_with(settings: Settings) -> dict[str, Any]:
     """What a node's VM is made with that Proxmox cannot change on it while it runs, or that PVE applies to
     every running VM at once (talos_proxmox.day_two.node_changes.made_with_problems)."""

@@ -1,1 +1,0 @@
-"""Import shims for providers pickled under providers.talos_api before the layout change."""
