@@ -101,7 +101,8 @@ class ClusterAddons(pulumi.ComponentResource):
             self.cilium = _release(
                 "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values, after_cluster,
                 atomic=self.cilium_atomic.atomic,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository))
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository,
+                                                               ca_file=settings.cilium.ca_file))
             # Cilium's operator registers the pool's CRDs once it runs, which the release waited for.
             after_cilium = pulumi.ResourceOptions(parent=self, provider=k8s_provider, depends_on=[self.cilium])
             self.load_balancer_pool = [

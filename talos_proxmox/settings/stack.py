@@ -195,6 +195,8 @@ class CiliumSettings:
     values: Mapping[str, Any]
     # LB-IPAM pool announced over L2: CIDRs or start-stop ranges in the nodes' subnet.
     load_balancer_addresses: tuple[str, ...] = ()
+    # PEM bundle (absolute path) of the CAs that sign `repository`'s HTTPS certificate (a private mirror).
+    ca_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -814,13 +816,14 @@ def _check_data_disk(r: _Reader, disk: DataDisk, path: str, install_disk: Option
 
 
 def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
-    s = r.section(raw, "cilium", ("enabled", "version", "repository", "values", "loadBalancerAddresses"))
+    s = r.section(raw, "cilium", ("enabled", "version", "repository", "caFile", "values", "loadBalancerAddresses"))
     return CiliumSettings(
         enabled=r.value(s, "enabled", "cilium.enabled", _bool, "is not true or false", default=True),
         version=r.value(s, "version", "cilium.version", _version, "is not a chart version (expected e.g. 1.19.6)",
                         default=DEFAULT_CILIUM_VERSION),
         repository=r.value(s, "repository", "cilium.repository", _http_base_url, "is not an http(s) chart repository URL with no query or fragment",
                            default="https://helm.cilium.io"),
+        ca_file=r.value(s, "caFile", "cilium.caFile", _ca_file, CA_FILE_EXPECTED, default=None),
         values=r.value(s, "values", "cilium.values", _mapping, "is not a mapping of Helm values", default={}),
         load_balancer_addresses=r.value(s, "loadBalancerAddresses", "cilium.loadBalancerAddresses",
                                         _list_of(_address_block), "is not a list of CIDRs or start-stop address "
@@ -933,6 +936,29 @@ def _controllers(v: Any) -> tuple[str, ...]:
     if not names or any(n not in KNOWN_CCM_CONTROLLERS for n in names):
         raise ValueError
     return names
+
+
+CA_FILE_EXPECTED = "is not a readable PEM file of CA certificates (expected an absolute path)"
+
+
+def _ca_file(v: Any) -> str:
+    """An absolute path to PEM certificates, each parsable: Helm (in the Kubernetes provider plugin, which
+    runs with its own working directory) reads it at every preview, and a bad one fails there, mid-up."""
+    from cryptography import x509
+
+    if not isinstance(v, str) or not v.startswith("/"):
+        raise ValueError
+    try:
+        with open(v, "rb") as f:
+            data = f.read()
+    except OSError:  # missing, unreadable or a directory
+        raise ValueError from None
+    blocks = re.findall(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", data, re.S)
+    if not blocks:
+        raise ValueError
+    for block in blocks:
+        x509.load_pem_x509_certificate(block)
+    return v
 
 
 def _oci_ref(v: Any) -> str:
