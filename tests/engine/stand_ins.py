@@ -6,6 +6,17 @@ node at its stack address, 127.0.0.x:50000. A node is powered off until the PVE 
 named after it; then it boots the ISO (maintenance mode) and answers the first, insecure apply, as on a
 real host. The control planes share one etcd member list and the cluster one Kubernetes API stand-in
 (tests/e2e_engine.py's StandInCluster, whose wiring this reuses).
+
+`engine_cluster(..., kubernetes=True)` puts a real Kubernetes control plane behind the nodes instead of
+that stand-in (tests/engine/kube_cluster.py: etcd, API server, controllers, scheduler, kwok as the
+kubelets), under the stack's own Kubernetes CA from the bundle the stack adopts: each control plane's
+Kubeconfig RPC hands out an admin kubeconfig for it (client certificate O=system:masters CN=admin
+issued by that CA, as Talos signs it); each node registers its Node once configured (control planes
+labelled and tainted as Talos's kubelet registers them, with their static pods' mirror pods); the
+Bootstrap RPC makes CoreDNS as Talos's bootstrap manifests do. The charts come from mirrors the test
+serves over HTTPS (tests/engine/chart_sources.py): Cilium from a Helm repository whose CA the stack
+names in `cilium.caFile`, the CCM from an OCI registry whose CA the CLI's processes trust through
+SSL_CERT_FILE (the Kubernetes provider's OCI pulls take no CA file: see KubernetesWiring).
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +35,13 @@ import pytest
 
 from talos_proxmox.talos_config import secrets_bundle
 from tests.e2e_engine import StandInCluster, e2e_config, rendered_configs
+from talos_proxmox.talos_config import pki
+from tests.engine import kube_cluster as kube
+from tests.engine.chart_sources import CHARTS, ChartCa, HelmRepository, OciRegistry
 from tests.engine.pulumi_cli import CliRun, PulumiProject, missing_tools
 from tests.factory_stand_in import StandInFactory
 from tests.pve_stand_in import ProxmoxStandIn, serve_proxmox
-from tests.talos_api_server import RecordedCall
+from tests.talos_api_server import FakeTalosNode, RecordedCall
 
 STACK = "engine"
 
@@ -87,6 +103,15 @@ class EngineCluster(StandInCluster):
     def _trustd(self) -> tuple[bytes, bytes]:
         return secrets_bundle.ca_pair(self.bundle, "os")
 
+    kubernetes: "KubernetesWiring | None" = None
+
+    def _apply(self, role: str, node: FakeTalosNode, request, context):
+        first = node.mode == "maintenance" and not request.dry_run
+        response = super()._apply(role, node, request, context)
+        if first and self.kubernetes is not None:
+            self.kubernetes.register_when_configured(node, role)
+        return response
+
     def deploy(self, project: PulumiProject, config: dict, render_dir: Path, *, fails: bool = False) -> EngineUp:
         """Write `config` into the stack file, `pulumi preview`, then `pulumi up` (which must fail if
         `fails`, else succeed)."""
@@ -106,6 +131,201 @@ class EngineCluster(StandInCluster):
                         project.export(), len(self.pve.requests), stopped_in_preview=stopped, ended=time.monotonic())
 
 
+CILIUM_CHART_FILE = "cilium-1.19.6.tgz"
+CCM_CHART_FILE = "talos-cloud-controller-manager-0.5.4.tgz"
+CCM_REPOSITORY = "siderolabs/charts/talos-cloud-controller-manager"
+CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
+STATIC_PODS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+REGISTER_TIMEOUT = 120.0  # seconds a node may take from its first apply to answering configured
+
+
+# Talos's CRD for Kubernetes workloads' access to its API (internal/app/machined/pkg/controllers/k8s/
+# templates: serviceaccounts.talos.dev), applied with the bootstrap manifests when the feature is on.
+TALOS_SERVICE_ACCOUNT_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "serviceaccounts.talos.dev"},
+    "spec": {"group": "talos.dev", "scope": "Namespaced",
+             "names": {"kind": "ServiceAccount", "listKind": "ServiceAccountList", "plural": "serviceaccounts",
+                       "singular": "serviceaccount", "shortNames": ["tsa"]},
+             "versions": [{"name": "v1alpha1", "served": True, "storage": True, "subresources": {"status": {}},
+                           "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                               "spec": {"type": "object", "properties": {
+                                   "roles": {"type": "array", "items": {"type": "string"}}}},
+                               "status": {"type": "object", "properties": {
+                                   "failureReason": {"type": "string"}}}}}}}]}}
+
+
+def talos_api_access(config: bytes) -> bool:
+    """Whether a machine config turns on Kubernetes workloads' Talos API access (v1alpha1
+    machine.features.kubernetesTalosAPIAccess, or a KubeTalosAPIAccessConfig document)."""
+    import yaml
+
+    for document in yaml.safe_load_all(config):
+        if not isinstance(document, dict):
+            continue
+        if document.get("kind") == "KubeTalosAPIAccessConfig":
+            return document.get("enabled", True) is not False
+        access = ((document.get("machine") or {}).get("features") or {}).get("kubernetesTalosAPIAccess") or {}
+        if access.get("enabled"):
+            return True
+    return False
+
+
+class KubernetesWiring:
+    """The real control plane behind an EngineCluster's nodes (see the module doc), and the chart mirrors.
+
+    `kube`: the running KubeCluster; `helm_repository` (Cilium's chart) and `oci_registry` (the CCM's), each
+    with a CA of its own; `registered`: the Node names registered so far; `errors`: what went wrong in a
+    registration thread (a test asserts it stays empty)."""
+
+    def __init__(self, kube_cluster: kube.KubeCluster, bundle: dict, workdir: Path):
+        self.kube = kube_cluster
+        self.bundle = bundle
+        self.registered: list[str] = []
+        self.errors: list[str] = []
+        self._stopped = threading.Event()
+        self.repository_ca = ChartCa(workdir / "repository-ca")
+        self.registry_ca = ChartCa(workdir / "registry-ca")
+        self.helm_repository = HelmRepository(self.repository_ca,
+                                              {CILIUM_CHART_FILE: (CHARTS / CILIUM_CHART_FILE).read_bytes()})
+        self.oci_registry = OciRegistry(self.registry_ca)
+        self.ccm_chart = self.oci_registry.push(CCM_REPOSITORY, (CHARTS / CCM_CHART_FILE).read_bytes())
+
+    def admin_kubeconfig(self) -> str:
+        """What Talos's Kubeconfig RPC hands out: the cluster's URL and an admin client certificate
+        (O=system:masters, CN=admin) freshly issued by the cluster's Kubernetes CA."""
+        ca_cert, ca_key = secrets_bundle.ca_pair(self.bundle, "k8s")
+        cert, key = pki.issue_certificate(ca_cert, ca_key, common_name="admin", organizations=("system:masters",),
+                                          key_type=pki.key_type_of(pki.load_key(ca_key)), client=True)
+        return kube.kubeconfig_yaml(self.kube.url, ca_cert, cert, key, "admin")
+
+    def stack_settings(self) -> dict:
+        """The add-on sections of a stack installing both charts from the mirrors."""
+        return {"cilium": {"enabled": True, "repository": self.helm_repository.url,
+                           "caFile": str(self.repository_ca.ca_file)},
+                "ccm": {"enabled": True, "chart": self.ccm_chart}}
+
+    def cli_env(self) -> dict[str, str]:
+        """The CLI's (and so its plugins') environment: the registry's CA as the only trusted roots (Helm's
+        OCI pulls in pulumi-resource-kubernetes 4.32 use a registry client made without the release's
+        repositoryOpts.caFile, so an OCI mirror's CA must be trusted system-wide), and Helm's cache and
+        config kept inside the test's directory."""
+        helm = self.repository_ca.ca_file.parent.parent / "helm"
+        return {"SSL_CERT_FILE": str(self.registry_ca.ca_file), "HELM_CACHE_HOME": str(helm / "cache"),
+                "HELM_CONFIG_HOME": str(helm / "config"), "HELM_DATA_HOME": str(helm / "data")}
+
+    # --- what the kubelets and Talos's bootstrap do ------------------------------------------------
+
+    def register_when_configured(self, node: FakeTalosNode, role: str) -> None:
+        """Once `node` answers configured, register its Node as its kubelet would (a control plane with
+        the role label and NoSchedule taint, and mirror pods of its static pods)."""
+        def wait_then_register():
+            deadline = time.monotonic() + REGISTER_TIMEOUT
+            while not (node.mode == "configured" and node.is_up):
+                if self._stopped.wait(0.1):
+                    return
+                if time.monotonic() > deadline:
+                    self.errors.append(f"{node.hostname}: not configured {REGISTER_TIMEOUT:.0f}s after its first apply")
+                    return
+            try:
+                self.register(node.hostname, control_plane=role == "controlplane")
+            except Exception as exc:  # noqa: BLE001 - reported through `errors`
+                self.errors.append(f"{node.hostname}: {exc}")
+
+        threading.Thread(target=wait_then_register, daemon=True, name=f"kubelet-{node.hostname}").start()
+
+    def register(self, name: str, control_plane: bool) -> None:
+        labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                  **({CONTROL_PLANE_LABEL: ""} if control_plane else {})}
+        spec = {"taints": [{"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}]} if control_plane else {}
+        response = self.kube.request("POST", "/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec})
+        if response.status_code == 409:  # a node back in a new VM: its kubelet finds its Node
+            response = self.kube.request("GET", f"/api/v1/nodes/{name}")
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"Node {name}: HTTP {response.status_code}: {response.text[:300]}")
+        uid = response.json()["metadata"]["uid"]
+        if control_plane:
+            for component in STATIC_PODS:
+                self._mirror_pod(name, uid, component)
+        self.registered.append(name)
+
+    def _mirror_pod(self, node: str, node_uid: str, component: str) -> None:
+        """A static pod's mirror pod, as the kubelet creates it: bound to its node, owned by the Node,
+        annotated kubernetes.io/config.mirror, labelled k8s-app=<component> as Talos labels them."""
+        response = self.kube.request("POST", "/api/v1/namespaces/kube-system/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{component}-{node}", "namespace": "kube-system",
+                         "labels": {"k8s-app": component, "tier": "control-plane"},
+                         "annotations": {"kubernetes.io/config.mirror": f"{component}-{node}",
+                                         "kubernetes.io/config.source": "file"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                              "controller": True}]},
+            "spec": {"nodeName": node, "hostNetwork": True, "priorityClassName": "system-cluster-critical",
+                     "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": component, "image": f"registry.k8s.io/{component}:v1.36.2"}]}})
+        if response.status_code not in (201, 409):
+            raise RuntimeError(f"mirror pod {component}-{node}: HTTP {response.status_code}: {response.text[:300]}")
+
+    def bootstrap_manifests(self, talos_api_access: bool) -> None:
+        """What Talos applies after bootstrap that the add-ons and the health wait need: CoreDNS, two
+        replicas that tolerate the control planes' taint (its Service, config and RBAC left out: nothing
+        runs it here), and with the Talos API access feature on (the CCM's), Talos's ServiceAccount CRD
+        (talos.dev/v1alpha1), which the CCM chart makes an object of. (Talos's controller answering such
+        an object with a Secret holding a talosconfig is not played.)"""
+        if talos_api_access:
+            response = self.kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                         TALOS_SERVICE_ACCOUNT_CRD)
+            if response.status_code not in (201, 409):
+                self.errors.append(f"talos.dev CRD: HTTP {response.status_code}: {response.text[:300]}")
+        labels = {"k8s-app": "kube-dns"}
+        response = self.kube.request("POST", "/apis/apps/v1/namespaces/kube-system/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {**labels, "kubernetes.io/name": "CoreDNS"}},
+            "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "priorityClassName": "system-cluster-critical",
+                         "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"},
+                                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                         {"key": "node.cloudprovider.kubernetes.io/uninitialized",
+                                          "operator": "Exists"}],
+                         "containers": [{"name": "coredns", "image": "registry.k8s.io/coredns/coredns:v1.12.4",
+                                         "args": ["-conf", "/etc/coredns/Corefile"]}]}}}})
+        if response.status_code not in (201, 409):
+            self.errors.append(f"coredns: HTTP {response.status_code}: {response.text[:300]}")
+
+    def wire(self, cluster: EngineCluster) -> None:
+        """Point `cluster`'s nodes at the real control plane: kubeconfigs, registration, bootstrap."""
+        cluster.kubernetes = self
+        for name in cluster.control_planes:
+            fake = cluster.nodes[name]
+            fake.kubeconfig_yaml = self.admin_kubeconfig()
+        first = cluster.nodes[cluster.control_planes[0]]
+
+        def bootstrap(node: FakeTalosNode, request, context):
+            response = FakeTalosNode._rpc_Bootstrap(node, request, context)
+            self.bootstrap_manifests(talos_api_access=talos_api_access(node.config or b""))
+            return response
+        first.behaviours["Bootstrap"] = bootstrap
+
+    def close(self) -> None:
+        self._stopped.set()
+        self.helm_repository.close()
+        self.oci_registry.close()
+
+
+class EnvPulumiProject(PulumiProject):
+    """A PulumiProject whose CLI runs with `extra_env` on top of its own environment."""
+
+    def __init__(self, workdir: Path, stack: str, extra_env: dict[str, str]):
+        super().__init__(workdir, stack)
+        self.extra_env = dict(extra_env)
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), **self.extra_env}
+
+
 def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file: Path, **options) -> dict:
     """The dev stack on loopback (tests/e2e_engine.py's e2e_config) adopting `secrets_file`, with Cilium
     and the CCM off: no Kubernetes provider plugin can be built here at the pinned version (issue #18)."""
@@ -117,11 +337,30 @@ def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file
 
 
 @contextlib.contextmanager
+def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]:
+    missing = kube.missing_binaries() + [name for name in ("pulumi-resource-kubernetes",)
+                                         if not os.access(kube.TOOLS / name, os.X_OK)]
+    if missing:
+        pytest.fail(f"engine_cluster(kubernetes=True) needs {', '.join(missing)} in .tools/bin: "
+                    "run `bash scripts/tools.sh`")
+    ca_cert, ca_key = secrets_bundle.ca_pair(bundle, "k8s")
+    sa_key = pki.pem_from_b64(bundle["certs"]["k8sserviceaccount"]["key"])
+    with kube.kube_cluster(tmp_path / "kube", ca_cert, ca_key, service_account_key_pem=sa_key) as running:
+        wiring = KubernetesWiring(running, bundle, tmp_path / "charts")
+        try:
+            yield wiring
+        finally:
+            wiring.close()
+
+
+@contextlib.contextmanager
 def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: float = 0.2,
-                   **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
+                   kubernetes: bool = False, **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
     """Stand-ins for `nodes` [(name, role, ip)] and a stack of the program on them, initialised (stack
     file, Proxmox endpoint, the API token as a secret) but not yet deployed. `install_seconds`: how long
-    each node takes from its first apply to answering configured."""
+    each node takes from its first apply to answering configured. `kubernetes`: a real control plane
+    instead of the Kubernetes API stand-in, and Cilium and the CCM on, from the test's chart mirrors
+    (`cluster.kubernetes`, a KubernetesWiring)."""
     missing = missing_tools()
     if missing:
         pytest.fail(f"the engine tier needs {', '.join(missing)} in .tools/bin: run `bash scripts/tools.sh`")
@@ -129,6 +368,17 @@ def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: f
     secrets_file = tmp_path / "secrets.yaml"
     secrets_file.write_text(secrets_bundle.dump_secrets(bundle))
     secrets_file.chmod(0o600)
+    with contextlib.ExitStack() as real:
+        wiring = real.enter_context(_real_kubernetes(tmp_path, bundle)) if kubernetes else None
+        with _engine_cluster(tmp_path, nodes, talos_version, install_seconds, bundle, secrets_file, wiring,
+                             **options) as made:
+            yield made
+
+
+@contextlib.contextmanager
+def _engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: float, bundle: dict,
+                    secrets_file: Path, wiring: "KubernetesWiring | None",
+                    **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
     with StandInFactory() as factory, serve_proxmox() as pve:
         try:
             cluster = EngineCluster(factory, pve, nodes, talos_version, bundle, install_seconds)
@@ -137,9 +387,15 @@ def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: f
                 pytest.skip(f"cannot listen on 127.0.0.x here ({exc})")
             raise
         try:
-            project = PulumiProject(tmp_path / "pulumi", STACK)
+            if wiring is not None:
+                wiring.wire(cluster)
+                project: PulumiProject = EnvPulumiProject(tmp_path / "pulumi", STACK, wiring.cli_env())
+            else:
+                project = PulumiProject(tmp_path / "pulumi", STACK)
             endpoint = pve.provider_config()
             config = engine_stack(cluster, nodes, talos_version, secrets_file, **options)
+            if wiring is not None:
+                config.update(wiring.stack_settings())
             for host in {config["proxmox"]["node"], *(node.get("proxmoxNode") for node in config["nodes"])} - {None}:
                 pve.add_node(host)  # the Proxmox cluster's members
             project.init(config,
