@@ -22,8 +22,8 @@ import pulumi.dynamic as dynamic
 
 from providers import has_unknowns, vm_replaced
 
-from talos_proxmox.day_two import rolling
-from talos_proxmox.day_two.progress import progress_printer
+from talos_proxmox.day_two import drift, rolling
+from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 
@@ -83,13 +83,13 @@ _APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_s
 
 
 class ConfigurationApplyProvider(_TalosNodeProvider):
-    def _apply(self, props: dict[str, Any], *, insecure_first: bool) -> dict[str, Any]:
+    def _apply(self, props: dict[str, Any], *, insecure_first: bool, wait: Optional[bool] = None) -> dict[str, Any]:
         outcome = operations.apply_machine_configuration(
             props["node"], props["machine_configuration"], props["talosconfig"],
             endpoint=props.get("endpoint"), mode=props.get("mode") or "auto",
             try_timeout=props.get("try_timeout_seconds"), insecure_first=insecure_first,
             # A first apply does not wait for the install (NodesInstalled does); later ones wait for the node.
-            wait=not insecure_first, timeout=_timeout(props),
+            wait=not insecure_first if wait is None else wait, timeout=_timeout(props),
         )
         return {
             **{key: props.get(key) for key in _APPLY_SETTINGS},
@@ -97,7 +97,32 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
             "applied_via": outcome.via,
             "applied_mode": outcome.mode,
             "warnings": list(outcome.warnings),
+            # Kept (as secret outputs) so that a refresh can read the node and compare: see read.
+            "machine_configuration": props["machine_configuration"],
+            "talosconfig": props["talosconfig"],
         }
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        """Refresh: what the node runs. A config changed by hand, or a node back in maintenance mode, is
+        recorded so that the next up applies the stack's config again; an unreachable node keeps its last
+        known state. Each finding is printed, secrets masked."""
+        applied, talosconfig = props.get("machine_configuration"), props.get("talosconfig")
+        if not applied or not talosconfig:
+            return dynamic.ReadResult(id_=id_, outs=props)  # recorded before refreshes could read the node
+        reading = drift.read_node(props["node"], talosconfig, props.get("endpoint"))
+        name = f"node {props['node']}"
+        if reading.state == drift.UNREACHABLE:
+            note("refresh", f"{name}: unreachable, keeps its last known state ({reading.detail})")
+            return dynamic.ReadResult(id_=id_, outs=props)
+        if reading.state == drift.MAINTENANCE:
+            note("refresh", f"{name}: in maintenance mode; the next up applies its config again and waits for it")
+            return dynamic.ReadResult(id_=id_, outs={**props, "config_sha256": None, "applied_mode": "maintenance"})
+        if drift.same_configuration(applied, reading.running_config):
+            return dynamic.ReadResult(id_=id_, outs=props)
+        for line in drift.drift_report(name, applied, reading.running_config):
+            note("refresh", line)
+        running_sha = operations.config_sha256(reading.running_config)
+        return dynamic.ReadResult(id_=id_, outs={**props, "config_sha256": f"running:{running_sha}"})
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         outs = self._apply(props, insecure_first=True)
@@ -116,7 +141,12 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         if olds.get("config_sha256") == operations.config_sha256(news["machine_configuration"]):
             # only how we talk to the node changed: nothing to send
-            return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS}})
+            return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS},
+                                              "machine_configuration": news["machine_configuration"],
+                                              "talosconfig": news["talosconfig"]})
+        if olds.get("applied_mode") == "maintenance":
+            # found in maintenance mode by a refresh: its first apply again, and back once it has installed
+            return dynamic.UpdateResult(outs=self._apply(news, insecure_first=True, wait=True))
         return dynamic.UpdateResult(outs=self._apply(news, insecure_first=False))
 
 
@@ -144,6 +174,8 @@ class ConfigurationApply(dynamic.Resource):
             "talosconfig": pulumi.Output.secret(talosconfig),
             "config_sha256": None, "applied_via": None, "applied_mode": None, "warnings": None,
         }
+        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+            additional_secret_outputs=["machine_configuration", "talosconfig"]))
         super().__init__(ConfigurationApplyProvider(), name, props, opts)
 
 

@@ -468,7 +468,15 @@ class FakeTalosNode:
     # --- default behaviour of each RPC, after Talos --------------------------------------------
 
     def _rpc_Get(self, request, context):
-        """COSI State.Get; this stand-in has the MachineStatus resource only."""
+        """COSI State.Get: the MachineStatus resource, and the MachineConfig one (the config the node runs,
+        as its spec; Talos re-encodes what it stores, which this stand-in does not)."""
+        if (request.namespace, request.type, request.id) == ("config", "MachineConfigs.config.talos.dev", "v1alpha1"):
+            if self.config is None:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"resource {request.type}/{request.id} doesn't exist")
+            return resource_pb2.GetResponse(resource=resource_pb2.Resource(
+                metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=request.id,
+                                               version="1", phase="running"),
+                spec=resource_pb2.Spec(yaml_spec=self.config.decode())))
         if (request.namespace, request.type, request.id) != ("runtime", "MachineStatuses.runtime.talos.dev", "machine"):
             context.abort(grpc.StatusCode.NOT_FOUND, f"resource {request.type}/{request.id} doesn't exist")
         spec = {"stage": self.machine_stage, "status": {

@@ -45,8 +45,13 @@ def _apply_props(node: FakeTalosNode, config: str = CONFIG, **extra):
             **extra}
 
 
+# An apply keeps these two as outputs for refresh to read the node with, and registers them as secret
+# outputs (encrypted in the state): every other output must hold no secret.
+APPLY_SECRET_OUTPUTS = ("machine_configuration", "talosconfig")
+
+
 def _assert_no_secrets(outs: dict):
-    text = repr(outs)
+    text = repr({key: value for key, value in outs.items() if key not in APPLY_SECRET_OUTPUTS})
     assert "token" not in text and "abcdef" not in text
     assert _talosconfig() not in text and "PRIVATE KEY" not in text
 

@@ -24,3 +24,10 @@ def progress_printer(operation: str, stream: TextIO | None = None, clock: Callab
         out.flush()
 
     return event
+
+
+def note(operation: str, text: str, stream: TextIO | None = None) -> None:
+    """One line `talos-proxmox: <operation>: <text>`, for what a step found (shown by the CLI as it runs)."""
+    out = stream or sys.stderr
+    out.write(f"{PREFIX}: {operation}: {text}\n")
+    out.flush()
