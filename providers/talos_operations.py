@@ -142,8 +142,8 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
         if olds.get("config_sha256") == operations.config_sha256(news["machine_configuration"]):
             # only how we talk to the node changed: nothing to send
             return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS},
-                                              "machine_configuration": news["machine_configuration"],
-                                              "talosconfig": news["talosconfig"]})
+                                              "machine_configuration": news.get("machine_configuration"),
+                                              "talosconfig": news.get("talosconfig")})
         if olds.get("applied_mode") == "maintenance":
             # found in maintenance mode by a refresh: its first apply again, and back once it has installed
             return dynamic.UpdateResult(outs=self._apply(news, insecure_first=True, wait=True))

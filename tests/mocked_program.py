@@ -144,7 +144,7 @@ def run_program(config: Mapping[str, Any], stack: str = "test-cluster", preview:
 
     `other_config` holds keys of other namespaces as given (e.g. `proxmoxve:apiToken`), and
     `secret_keys` the full keys that `pulumi config set --secret` would have marked. `monitor` replaces
-    the echoing one (e.g. tests/e2e_engine.py's, which runs dynamic providers for real).
+    the echoing one.
 
     Raises whatever the program raises (e.g. pulumi.RunError for a bad stack); the registrations made until then are in
     the exception's `program_run` attribute.

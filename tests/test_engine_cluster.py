@@ -32,7 +32,7 @@ from talos_proxmox.cluster_plan.resource_inputs import image_facts
 from talos_proxmox.settings.stack import load_settings
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 from tests.day_two import upgrade_timeline
-from tests.e2e_engine import SNAPSHOT_DIR
+from tests.engine.stand_ins import SNAPSHOT_DIR
 from tests.engine.pulumi_cli import CliRun, PulumiProject
 from tests.engine.stand_ins import EngineCluster, EngineUp, engine_cluster, engine_stack, secret_texts
 from tests.talos_api_server import RecordedCall

@@ -2,7 +2,7 @@
 before any VM is touched, and how the node's resources take a replaced VM: its lifecycle and apply ask
 to be replaced along with it (delete-before-replace), its install is waited for again.
 
-End to end, under the engine model: tests/test_end_to_end_vm_replacement.py."""
+Through the real CLI: tests/test_engine_vm_replacement.py."""
 
 import pytest
 from pulumi.output import Unknown

@@ -171,7 +171,7 @@ def write_stack(directory: Path, config: Mapping[str, Any], stack: str = "oracle
 
 
 def render_case(line: str, name: str, config: dict, directory: Path, secrets: Optional[Path] = FIXED_SECRETS) -> Case:
-    """Our render command's files for the stack (as tests/e2e_engine.py's rendered_configs calls it), and
+    """Our render command's files for the stack (as tests/engine/stand_ins.py's rendered_configs calls it), and
     what the oracle needs to make the same nodes."""
     stacks = write_stack(directory, config)
     out = directory / "out"

@@ -5,7 +5,7 @@ Everything a `pulumi up` reaches runs here, in the test's process, on loopback: 
 node at its stack address, 127.0.0.x:50000. A node is powered off until the PVE stand-in starts the VM
 named after it; then it boots the ISO (maintenance mode) and answers the first, insecure apply, as on a
 real host. The control planes share one etcd member list and the cluster one Kubernetes API stand-in
-(tests/e2e_engine.py's StandInCluster, whose wiring this reuses).
+(tests/kube_stand_in.py), where its day-two drains and Node deletions go.
 
 `engine_cluster(..., kubernetes=True)` puts a real Kubernetes control plane behind the nodes instead of
 that stand-in (tests/engine/kube_cluster.py: etcd, API server, controllers, scheduler, kwok as the
@@ -23,25 +23,159 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Optional
 
 import pytest
 
+import grpc
+import yaml
+
+from talos_proxmox.commands import render
+from talos_proxmox.settings.stack import PROJECT
+from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config import secrets_bundle
-from tests.e2e_engine import StandInCluster, e2e_config, rendered_configs
 from talos_proxmox.talos_config import pki
 from tests.engine import kube_cluster as kube
 from tests.engine.chart_sources import CHARTS, ChartCa, HelmRepository, OciRegistry
 from tests.engine.pulumi_cli import CliRun, PulumiProject, missing_tools
 from tests.factory_stand_in import StandInFactory
+from tests.kube_stand_in import StandInApi, coredns, node as k8s_node, workload_pod
+from tests.mocked_program import stack_config
 from tests.pve_stand_in import ProxmoxStandIn, serve_proxmox
 from tests.talos_api_server import FakeTalosNode, RecordedCall
+
+TALOS_API_PORT = 50000
+# Where the stacks' lifecycles keep etcd snapshots (lifecycle.etcdSnapshots.directory).
+SNAPSHOT_DIR = tempfile.mkdtemp(prefix="e2e-etcd-snapshots-")
+
+
+def e2e_config(factory_url: str, nodes, talos_version: str, *, patches: Optional[Mapping[str, list]] = None,
+               kubernetes_version: Optional[str] = None, health: Optional[dict] = None,
+               hardware: Optional[Mapping[str, int]] = None) -> dict:
+    """stacks/Pulumi.dev.yaml moved onto loopback: `nodes` [(name, role, ip)] at 127.0.0.x, the factory
+    stand-in, per-node `patches` by name, no health wait unless `health` says otherwise, and every
+    node's `hardware` ({cpu, memory}) as given instead of the dev stack's."""
+    config = stack_config("dev")
+    config["cluster"].update(vip="127.0.0.100", talosVersion=talos_version)
+    if kubernetes_version is not None:
+        config["cluster"]["kubernetesVersion"] = kubernetes_version
+    config["network"].update(subnet="127.0.0.0/24", gateway="127.0.0.1")
+    config["image"]["factoryUrl"] = factory_url
+    config["health"] = health or {"wait": False}
+    config["lifecycle"] = {"etcdSnapshots": {"directory": SNAPSHOT_DIR, "keep": 3}}
+    templates = {node["role"]: node for node in config["nodes"]}
+    # VM id and MAC follow the address, so that taking a node out leaves every other node's alone
+    config["nodes"] = [
+        {**templates[role], "name": name, "ip": ip, "vmId": 9100 + host, "mac": f"bc:24:11:00:01:{host:02x}",
+         **(hardware or {}), **({"patches": list(patches[name])} if patches and name in patches else {})}
+        for name, role, ip in nodes for host in [int(ip.rsplit(".", 1)[1])]]
+    return config
+
+
+
+def rendered_configs(config: dict, secrets_yaml: str, directory: Path) -> dict[str, bytes]:
+    """What `python -m talos_proxmox.commands.render --stack e2e --secrets <bundle>` writes for each node."""
+    stacks, out = directory / "stacks", directory / "out"
+    stacks.mkdir(parents=True)
+    (stacks / "Pulumi.e2e.yaml").write_text(
+        yaml.safe_dump({"config": {f"{PROJECT}:{k}": v for k, v in config.items()}}))
+    (directory / "secrets.yaml").write_text(secrets_yaml)
+    assert render.main(["--stack", "e2e", "--out", str(out), "--secrets", str(directory / "secrets.yaml"),
+                        "--stacks-dir", str(stacks)]) == 0
+    return {node["name"]: (out / f"{node['name']}.yaml").read_bytes() for node in config["nodes"]}
+
+
+
+class StandInCluster:
+    """The factory stand-in, the Proxmox stand-in and one FakeTalosNode per node [(name, role, ip)] on
+    ip:50000, in maintenance mode until configured, running in the VM its VmLegacy makes. The control
+    planes share one etcd member list, as one etcd cluster does: a member that leaves, or is removed
+    through any of them, is gone for all."""
+
+    def __init__(self, factory: StandInFactory, pve: ProxmoxStandIn, nodes, talos_version: str,
+                 install_seconds: float = 0.2):
+        self.factory, self.pve = factory, pve
+        self.nodes: dict[str, FakeTalosNode] = {}
+        self.control_planes = [name for name, role, _ in nodes if role == "controlplane"]
+        try:
+            for name, _, ip in nodes:
+                self.nodes[name] = FakeTalosNode(None, mode="maintenance", hostname=name, host=ip,
+                                                 port=TALOS_API_PORT, install_downtime=install_seconds, trustd=self._trustd,
+                                                 version_tag=talos_version)
+        except OSError:
+            self.stop()
+            raise
+        members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
+                                          client_urls=[f"https://{ip}:2379"])
+                   for i, (name, role, ip) in enumerate(nodes) if role == "controlplane"]
+        # The cluster's Kubernetes API: each control plane's kubeconfig reaches it; every node runs one
+        # workload pod, which a drain evicts; a removed node's Node object can be deleted.
+        self.kube = StandInApi([([k8s_node(name, True, control_plane=role == "controlplane")
+                                  for name, role, _ in nodes], coredns(2))])
+        self.kube.pods = [workload_pod(f"app-{name}", name) for name, _, _ in nodes]
+        self.kube.deletable = {name for name, _, _ in nodes}
+        for name, role, _ in nodes:  # what a healthy node reports once the cluster runs
+            fake = self.nodes[name]
+            if role == "controlplane":
+                fake.kubeconfig_yaml = self.kube.kubeconfig()
+            fake.etcd_members = list(members) if role == "controlplane" else []
+            fake.services = [s for s in fake.services if role == "controlplane" or s.id != "etcd"]
+            if role == "controlplane":
+                fake.behaviours.update(EtcdLeaveCluster=self._leave, EtcdRemoveMemberByID=self._remove)
+            fake.behaviours["ApplyConfiguration"] = functools.partial(self._apply, role)
+        self._next_member_id = 0x100 + len(nodes)
+
+    def _forget(self, gone) -> None:
+        for name in self.control_planes:
+            self.nodes[name].etcd_members = [m for m in self.nodes[name].etcd_members if not gone(m)]
+
+    def _leave(self, node: FakeTalosNode, _request, _context):
+        self._forget(lambda member: member.hostname == node.hostname)
+        return machine_pb2.EtcdLeaveClusterResponse(messages=[machine_pb2.EtcdLeaveCluster()])
+
+    def _remove(self, node: FakeTalosNode, request, context):
+        if not any(m.id == request.member_id for m in node.etcd_members):
+            context.abort(grpc.StatusCode.NOT_FOUND, f"member {request.member_id:x} not found")
+        self._forget(lambda member: member.id == request.member_id)
+        return machine_pb2.EtcdRemoveMemberByIDResponse(messages=[machine_pb2.EtcdRemoveMemberByID()])
+
+    def _apply(self, role: str, node: FakeTalosNode, request, context):
+        """A node that installs after the cluster exists (in a new VM) joins it: a control plane becomes
+        an etcd member again, with a new id, and the node registers its Node object again."""
+        first = node.mode == "maintenance" and not request.dry_run
+        response = FakeTalosNode._rpc_ApplyConfiguration(node, request, context)
+        if first and role == "controlplane" and not any(m.hostname == node.hostname
+                                                           for m in self.nodes[self.control_planes[0]].etcd_members):
+            member = machine_pb2.EtcdMember(id=self._next_member_id, hostname=node.hostname,
+                                            peer_urls=[f"https://{node.host}:2380"],
+                                            client_urls=[f"https://{node.host}:2379"])
+            self._next_member_id += 1
+            for name in self.control_planes:
+                self.nodes[name].etcd_members = [*self.nodes[name].etcd_members, member]
+        if first:
+            self.kube.deletable.add(node.hostname)
+        return response
+
+    def counts(self) -> dict[str, int]:
+        return {"factory": len(self.factory.requests), "pve": len(self.pve.requests),
+                **{n: len(f.calls) for n, f in self.nodes.items()}}
+
+    def stop(self) -> None:
+        for fake in self.nodes.values():
+            fake.stop()
+        if hasattr(self, "kube"):
+            self.kube.close()
+
+
+
 
 STACK = "engine"
 
@@ -88,14 +222,13 @@ class EngineUp:
 
 
 class EngineCluster(StandInCluster):
-    """StandInCluster for the real engine: no in-process monitor; nodes start powered off and run in the
-    VMs the Proxmox provider makes through the PVE API; trustd signs with the adopted bundle's OS CA."""
+    """StandInCluster for the real engine: nodes start powered off and run in the VMs the Proxmox provider
+    makes through the PVE API; trustd signs with the adopted bundle's OS CA."""
 
     def __init__(self, factory: StandInFactory, pve: ProxmoxStandIn, nodes, talos_version: str, bundle: dict,
                  install_seconds: float = 0.2) -> None:
         self.bundle = bundle
-        super().__init__(factory, pve, nodes, talos_version, render_dir=lambda: Path("/nonexistent"),
-                         install_seconds=install_seconds)
+        super().__init__(factory, pve, nodes, talos_version, install_seconds=install_seconds)
         for fake in self.nodes.values():
             fake.go_down()
         pve.guest_named = self.nodes.get
@@ -327,7 +460,7 @@ class EnvPulumiProject(PulumiProject):
 
 
 def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file: Path, **options) -> dict:
-    """The dev stack on loopback (tests/e2e_engine.py's e2e_config) adopting `secrets_file`, with Cilium
+    """The dev stack on loopback (e2e_config) adopting `secrets_file`, with Cilium
     and the CCM off: no Kubernetes provider plugin can be built here at the pinned version (issue #18)."""
     config = e2e_config(cluster.factory.url, nodes, talos_version, **options)
     config["cluster"]["secretsFile"] = str(secrets_file)

@@ -1,18 +1,21 @@
-"""A running Talos 1.13 cluster moved to Talos 1.14, end to end (tests/e2e_engine.py): one stack change,
-`talosVersion: v1.14.0`. The nodes upgrade one at a time, control planes first (each through the 1.13
-upgrade API), and only an upgraded node is sent the v1.14 contract's configuration: each Kubernetes setting
-in a document of its own (KubeletConfig, KubeClusterConfig, ...), the install as an UnattendedInstallConfig,
-and nothing of them left in the v1alpha1 document (Talos refuses both at once). No VM is touched."""
+"""A running Talos 1.13 cluster moved to Talos 1.14 through the real CLI (the engine tier): one stack
+change, `talosVersion: v1.14.0`. The nodes upgrade one at a time, control planes first (each through the
+1.13 upgrade API), and only an upgraded node is sent the v1.14 contract's configuration: each Kubernetes
+setting in a document of its own (KubeletConfig, KubeClusterConfig, ...), the install as an
+UnattendedInstallConfig, and nothing of them left in the v1alpha1 document (Talos refuses both at once).
+No VM is touched."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from tests.e2e_engine import e2e_cluster, e2e_config
+from tests.engine.stand_ins import engine_cluster, engine_stack
 
-NODES = [("e2e-cp-1", "controlplane", "127.0.0.2"), ("e2e-cp-2", "controlplane", "127.0.0.3"),
-         ("e2e-cp-3", "controlplane", "127.0.0.4"), ("e2e-worker-1", "worker", "127.0.0.5")]
+pytestmark = pytest.mark.engine
+
+NODES = [("e2e-cp-1", "controlplane", "127.0.0.82"), ("e2e-cp-2", "controlplane", "127.0.0.83"),
+         ("e2e-cp-3", "controlplane", "127.0.0.84"), ("e2e-worker-1", "worker", "127.0.0.85")]
 ROLL_ORDER = [name for name, _, _ in NODES]
 OLD, NEW = "v1.13.7", "v1.14.0"
 KUBERNETES = "1.36.2"  # supported by both lines, so only Talos changes
@@ -20,10 +23,15 @@ KUBERNETES = "1.36.2"  # supported by both lines, so only Talos changes
 
 @pytest.fixture(scope="module")
 def ups(tmp_path_factory):
-    with e2e_cluster(NODES, OLD, tmp_path_factory) as cluster:
-        first = cluster.up(e2e_config(cluster.factory.url, NODES, OLD, kubernetes_version=KUBERNETES))
+    tmp = tmp_path_factory.mktemp("engine-talos-1-14")
+    with engine_cluster(tmp, NODES, OLD) as (cluster, project):
+        def deploy(name, talos):
+            config = engine_stack(cluster, NODES, talos, tmp / "secrets.yaml", kubernetes_version=KUBERNETES)
+            return cluster.deploy(project, config, tmp / f"render-{name}")
+
+        first = deploy("first", OLD)
         pve_before = cluster.pve.vm_events[:]
-        upgraded = cluster.up(e2e_config(cluster.factory.url, NODES, NEW, kubernetes_version=KUBERNETES))
+        upgraded = deploy("upgraded", NEW)
         yield first, upgraded, {name: fake.version_tag for name, fake in cluster.nodes.items()}, \
             pve_before, cluster.pve.vm_events[:]
 
@@ -71,11 +79,11 @@ def test_the_1_14_configuration_is_the_multi_document_form(ups, name, role, ip):
     assert install["installer"]["image"].endswith(f":{NEW}")
     assert install["provisioning"]["diskSelector"] == {"match": 'disk.dev_path == "/dev/sda"'}
     assert documents["HostnameConfig"]["hostname"] == name
-    # Cilium replaces both: no flannel document, kube-proxy off, on the control planes that deploy them.
-    assert "KubeFlannelCNIConfig" not in documents
+    # These stacks run without Cilium: Talos's own CNI and kube-proxy, on the control planes that deploy them.
+    assert ("KubeFlannelCNIConfig" in documents) is (role == "controlplane")
     assert ("KubeProxyConfig" in documents) is (role == "controlplane")
     if role == "controlplane":
-        assert documents["KubeProxyConfig"]["enabled"] is False
+        assert documents["KubeProxyConfig"].get("enabled", True) is True
         assert documents["KubeServiceAccountConfig"]["issuer"]["issuerURL"] == "https://127.0.0.100:6443"
     else:
         assert not {"KubeServiceAccountConfig", "KubeEtcdEncryptionConfig", "KubeAggregatorCAConfig"} & set(documents)
@@ -86,4 +94,8 @@ def test_no_vm_is_touched(ups):
     _, upgraded, _, pve_before, pve_after = ups
     assert pve_after == pve_before
     assert not {step for step in upgraded.steps("create") | upgraded.steps("delete")}
-    assert not {step for step in upgraded.steps("update") if step in ROLL_ORDER}
+    # each VM's one change: its CD-ROM takes the new version's ISO (PVE swaps the medium of a running VM)
+    vm_updates = {step["urn"].rsplit("::", 1)[1]: set(step.get("detailedDiff") or {})
+                  for step in upgraded.preview.plan["steps"] if step["op"] == "update"
+                  and step["urn"].rsplit("::", 1)[1] in ROLL_ORDER}
+    assert vm_updates == {name: {"cdrom.fileId"} for name in ROLL_ORDER}
