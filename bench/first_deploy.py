@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.engine.stand_ins import engine_cluster  # noqa: E402
+from tests.engine.cluster import engine_cluster  # noqa: E402
 
 TALOS = "v1.13.7"
 BASE = 0.2

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from components.node import vm_args  # noqa: E402
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs  # noqa: E402
 from talos_proxmox.settings.stack import load_settings  # noqa: E402
-from tests.mocked_program import run_program, stack_config  # noqa: E402
+from tests.program.mocked_program import run_program, stack_config  # noqa: E402
 
 
 def generated_stack(nodes: int) -> dict:

@@ -20,7 +20,7 @@ from talos_proxmox.talos_config import machine_config
 
 from providers import talos_client  # noqa: E402
 from talos_proxmox.talos_config.secrets_bundle import generate_secrets  # noqa: E402
-from tests import seed_cluster as seed  # noqa: E402
+from tests.support import seed_cluster as seed  # noqa: E402
 
 SIZES = (10, 100, 1000)
 

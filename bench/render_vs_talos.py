@@ -28,8 +28,8 @@ from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_conf
 from talos_proxmox.commands import render  # noqa: E402
 from talos_proxmox.settings.stack_config import StackConfig, load_stack  # noqa: E402
 from talos_proxmox.talos_config import machine_config, secrets_bundle  # noqa: E402
-from tests import test_talos_oracle as oracle  # noqa: E402
-from tests.mocked_program import stack_config  # noqa: E402
+from tests.unit.talos_config import test_talos_oracle as oracle  # noqa: E402
+from tests.program.mocked_program import stack_config  # noqa: E402
 
 SIZES = (9, 30)
 

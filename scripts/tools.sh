@@ -92,7 +92,7 @@ blocked() {
 attempt pulumi go_tool pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi \
   "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=$PULUMI_VERSION"
 
-# The Kubernetes control plane the engine tier runs (tests/engine/kube_cluster.py): etcd, whose main
+# The Kubernetes control plane the engine tier runs (tests/stand_ins/kubernetes_cluster.py): etcd, whose main
 # package is the root of go.etcd.io/etcd/server/v3 (its relative replaces dropped: its own requires name
 # its sibling modules at the same release), and kwok, playing the nodes' kubelets.
 attempt etcd go_tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3

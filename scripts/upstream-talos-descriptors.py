@@ -5,7 +5,7 @@
 
 Compiles api/common/common.proto and api/machine/{machine,image,lifecycle}.proto of that tag with grpcio-tools into a
 FileDescriptorSet without source info (names, numbers, types, labels, streaming: no comments) at
-tests/data/talos-api/<tag>.pb, which tests/test_talos_api_descriptors.py compares ours against.
+tests/data/talos-api/<tag>.pb, which tests/unit/talos_api/test_descriptors.py compares ours against.
 """
 
 from __future__ import annotations

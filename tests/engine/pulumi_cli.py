@@ -20,9 +20,9 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 
 from talos_proxmox.settings.stack import PROJECT
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT / ".tools" / "bin"
+TOOLS = REPO / ".tools" / "bin"
 PROGRAM = ("Pulumi.yaml", "__main__.py", "components", "providers", "talos_proxmox", ".venv")
 REQUIRED_TOOLS = ("pulumi", "pulumi-language-python", "pulumi-language-python-exec", "pulumi-resource-pulumi-python",
                   "pulumi-resource-proxmoxve")
@@ -116,7 +116,7 @@ class PulumiProject:
         self.project = workdir / "project"
         self.project.mkdir(parents=True)
         for name in PROGRAM:
-            (self.project / name).symlink_to(ROOT / name)
+            (self.project / name).symlink_to(REPO / name)
         (self.project / "stacks").mkdir()
         (workdir / "state").mkdir()
         (workdir / "home").mkdir()
@@ -128,7 +128,7 @@ class PulumiProject:
 
     def env(self) -> dict[str, str]:
         # The engine finds the plugins scripts/tools.sh built on PATH (no plugin is ever downloaded).
-        path = os.pathsep.join([str(TOOLS), str(ROOT / ".venv" / "bin"), os.environ["PATH"]])
+        path = os.pathsep.join([str(TOOLS), str(REPO / ".venv" / "bin"), os.environ["PATH"]])
         keep = {key: value for key, value in os.environ.items()
                 if not key.startswith(("PULUMI_", "PROXMOX_VE_")) and key not in ("PYTHONPATH", "VIRTUAL_ENV")}
         return {
@@ -141,7 +141,7 @@ class PulumiProject:
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             # The dynamic-provider launcher runs the program's venv (Pulumi.yaml names it relative to the
             # project, which here is a directory of links).
-            "PULUMI_RUNTIME_VIRTUALENV": str(ROOT / ".venv"),
+            "PULUMI_RUNTIME_VIRTUALENV": str(REPO / ".venv"),
         }
 
     def cli(self, *args: str, check: bool = True, timeout: float = 600, stdin: Optional[str] = None) -> CliRun:

@@ -1,0 +1,83 @@
+"""Drift through the real CLI: `pulumi preview --refresh` reads each node and `pulumi up --refresh` brings it
+back (issue 35's config and maintenance parts).
+
+Stand-ins as in tests/engine/test_first_deploy_and_day_two.py: one control plane and two workers at 127.0.0.72-74:50000.
+After the first up, e2e-worker-1's config is changed by hand (an ApplyConfiguration over mTLS with the
+stack's talosconfig, as `talosctl apply-config` sends it) and e2e-worker-2 is reset to maintenance mode
+(it boots the ISO again). Then a preview with --refresh, and an up with --refresh.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
+from tests.engine.cluster import engine_cluster, engine_stack, secret_texts
+
+pytestmark = pytest.mark.engine
+
+NODES = [("e2e-cp-1", "controlplane", "127.0.0.72"), ("e2e-worker-1", "worker", "127.0.0.73"),
+         ("e2e-worker-2", "worker", "127.0.0.74")]
+TALOS = "v1.13.7"
+BY_HAND = "8192"  # net.core.somaxconn, set by hand on e2e-worker-1
+
+
+def hand_edited(config: bytes) -> bytes:
+    documents = list(yaml.safe_load_all(config))
+    for document in documents:
+        if isinstance(document, dict) and document.get("version") == "v1alpha1":
+            document["machine"].setdefault("sysctls", {})["net.core.somaxconn"] = BY_HAND
+    return yaml.safe_dump_all(documents, sort_keys=False).encode()
+
+
+@pytest.fixture(scope="module")
+def drift(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("engine-drift")
+    with engine_cluster(tmp, NODES, TALOS) as (cluster, project):
+        config = engine_stack(cluster, NODES, TALOS, tmp / "secrets.yaml")
+        first = cluster.deploy(project, config, tmp / "render-first")
+        worker, reset = cluster.nodes["e2e-worker-1"], cluster.nodes["e2e-worker-2"]
+        credentials = read_talosconfig(first.outputs["talosconfig"]).credentials
+        with TalosClient([worker.endpoint], credentials=credentials, node="127.0.0.73") as client:
+            client.apply_configuration(hand_edited(worker.config), mode="no-reboot", timeout=10)
+        reset.go_down()
+        reset.boot_from_iso()
+        calls_before = {name: len(fake.calls) for name, fake in cluster.nodes.items()}
+        preview = project.preview("--refresh", "--diff")
+        up = project.up("--refresh")
+        yield {"first": first, "preview": preview, "up": up, "cluster": cluster, "project": project,
+               "calls_before": calls_before}
+
+
+def test_the_refreshed_preview_names_each_drifted_node_and_plans_only_their_applies(drift):
+    preview = drift["preview"]
+    planned = {name: op for name, op in preview.changes().items() if op != "refresh"}  # every resource is read
+    assert planned == {"apply-e2e-worker-1": "update", "apply-e2e-worker-2": "update"}
+    printed = "".join(preview.diagnostics("info#err")) + preview.stderr
+    # the stack sets no sysctls on it: the hand-set one is two lines (the key and its map), none to add back
+    assert "node 127.0.0.73: its running config differs from the stack's (2 line(s) set by hand, 0 to apply back" in printed
+    assert "talos-proxmox: refresh: -    sysctls:" in printed
+    assert f'talos-proxmox: refresh: -        net.core.somaxconn: "{BY_HAND}"' in printed
+    assert "node 127.0.0.74: in maintenance mode; the next up applies its config again" in printed
+    assert "node 127.0.0.72" not in printed  # the control plane did not drift
+
+
+def test_the_refreshed_up_applies_the_stack_config_back_and_reinstalls_the_reset_node(drift):
+    cluster, first = drift["cluster"], drift["first"]
+    assert set(drift["up"].steps("update")) == {"apply-e2e-worker-1", "apply-e2e-worker-2"}
+    worker, reset = cluster.nodes["e2e-worker-1"], cluster.nodes["e2e-worker-2"]
+    assert worker.config == first.rendered["e2e-worker-1"]
+    assert reset.mode == "configured" and reset.config == first.rendered["e2e-worker-2"]
+    [again] = [c for c in reset.calls[drift["calls_before"]["e2e-worker-2"]:] if c.rpc == "ApplyConfiguration"]
+    assert again.mode == "maintenance" and again.roles == ()  # its first apply, insecure, as at creation
+    [back] = [c for c in worker.calls[drift["calls_before"]["e2e-worker-1"]:] if c.rpc == "ApplyConfiguration"]
+    assert back.roles == ("os:admin",) and back.request.data == first.rendered["e2e-worker-1"]
+
+
+def test_a_refresh_prints_and_stores_no_secret(drift):
+    needles = secret_texts(drift["cluster"])
+    printed = drift["preview"].output + drift["up"].output
+    state = str(drift["project"].export())
+    for needle in needles:
+        assert needle not in printed and needle not in state
