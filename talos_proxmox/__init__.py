@@ -10,6 +10,6 @@
 | cluster_plan | what each resource is made from: resource inputs, derived patches, Helm values |
 | commands | the offline render command (`python -m talos_proxmox.commands.render`) |
 
-Nothing here imports `pulumi` (tests/test_layout.py checks it): the dynamic providers in providers/ and
+Nothing here imports `pulumi` (tests/repository/test_layout.py checks it): the dynamic providers in providers/ and
 the components in components/ call into this package, never the other way round.
 """

@@ -72,7 +72,7 @@ DEFAULT_CILIUM_VERSION = "1.19.6"
 # What `talosctl gen config` of each Talos release line picks when no Kubernetes version is given
 # (pkg/machinery/constants DefaultKubernetesVersion at v1.12.0, v1.13.7 and v1.14.1). A line's later patch
 # releases pick newer patch versions; ours move deliberately, since a new default rolls Kubernetes on
-# every cluster that does not pin it (tests/test_talos_oracle.py holds both).
+# every cluster that does not pin it (tests/unit/talos_config/test_talos_oracle.py holds both).
 DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2", "v1.14": "1.37.0"}
 # siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
 DEFAULT_CCM_CHART_VERSION = "0.5.4"

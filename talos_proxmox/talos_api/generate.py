@@ -1,7 +1,7 @@
 """Regenerate the committed Python stubs from protos/ with grpcio-tools.
 
 Run from the repository root:  python -m talos_proxmox.talos_api.generate
-tests/test_talos_api_stubs.py fails when the committed stubs differ from a fresh run.
+tests/unit/talos_api/test_stubs.py fails when the committed stubs differ from a fresh run.
 
 protoc emits absolute imports such as ``from common import common_pb2``, which only
 work when the stub folder is on sys.path; they are rewritten to package-relative
