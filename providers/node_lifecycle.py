@@ -300,7 +300,7 @@ class NodeLifecycle(dynamic.Resource):
         super().__init__(NodeLifecycleProvider(), name, props, opts)
 
 
-_PLAN = ("installer_image", "kubernetes_version", "nodes")
+_PLAN = ("installer_image", "kubernetes_version", "talos_version", "allow_downgrade", "nodes")
 
 
 def _plan(props: dict[str, Any]) -> dict[str, Any]:
@@ -362,8 +362,10 @@ class NodeChanges(dynamic.Resource):
     nodes: pulumi.Output[dict]
 
     def __init__(self, name: str, *, installer_image: str, kubernetes_version: Optional[str], nodes: dict,
+                 talos_version: Optional[str] = None, allow_downgrade: bool = False,
                  proxmox_paths: Optional[dict] = None, opts: Optional[pulumi.ResourceOptions] = None):
         props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes,
+                 "talos_version": talos_version, "allow_downgrade": allow_downgrade,
                  # (resource_inputs.proxmox_paths) not part of the plan: checked, never recorded as a change
                  "proxmox_paths": proxmox_paths}
         super().__init__(NodeChangesProvider(), name, props, opts)

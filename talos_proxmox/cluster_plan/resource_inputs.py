@@ -83,6 +83,7 @@ def node_change_plan(settings: Settings, installer_image: str) -> dict[str, Any]
     return dict(
         installer_image=installer_image,
         kubernetes_version=settings.cluster.kubernetes_version,
+        talos_version=settings.cluster.talos_version, allow_downgrade=settings.cluster.allow_downgrade,
         nodes={node.name: {"role": node.role, "vm": vm_facts(settings, node),
                            "data_volume": data_volume_facts(settings, node),
                            "vm_made_with": vm_made_with(settings)} for node in settings.nodes},

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional
 
 from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes
 from talos_proxmox.engine_values import with_integers
+from talos_proxmox.settings.stack import KUBERNETES_RANGES
 
 # fact -> its stack key: a change of any of them makes a new VM.
 IDENTITY = {"host": "proxmoxNode", "vm_id": "vmId", "mac": "mac"}
@@ -167,6 +168,57 @@ def live_change_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list
     return problems
 
 
+def _version(text: Optional[str]) -> Optional[tuple[int, int, int]]:
+    """(major, minor, patch) of v1.13.7 / 1.36.2 / v1.15.0-beta.1; None when unknown."""
+    if not text:
+        return None
+    parts = str(text).lstrip("v").split("-", 1)[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
+    except (ValueError, IndexError):
+        return None
+
+
+def version_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Version paths Talos and Kubernetes do not support, refused before any node is touched: Kubernetes
+    moves one minor version at a time and never down (talosctl upgrade-k8s refuses both); Talos upgrades
+    one minor release at a time (Talos's upgrade guide: through each minor release) and goes down only when
+    the stack says so (cluster.allowDowngrade); a Kubernetes version the nodes' Talos cannot run waits until
+    the nodes have the new Talos."""
+    problems = []
+    old_k8s, new_k8s = _version(old.get("kubernetes_version")), _version(new.get("kubernetes_version"))
+    if old_k8s and new_k8s and old_k8s[:2] != new_k8s[:2]:
+        before, after = old.get("kubernetes_version"), new.get("kubernetes_version")
+        if new_k8s[:2] < old_k8s[:2]:
+            problems.append(f"cluster.kubernetesVersion {before} -> {after} is a downgrade, which Kubernetes does not "
+                            f"support (talosctl upgrade-k8s refuses it); keep {before} or later")
+        elif new_k8s[1] > old_k8s[1] + 1:
+            step = f"{old_k8s[0]}.{old_k8s[1] + 1}"
+            problems.append(f"cluster.kubernetesVersion {before} -> {after} skips a minor version: Kubernetes moves one "
+                            f"minor version at a time (its version skew policy; talosctl upgrade-k8s refuses more); "
+                            f"upgrade to the newest {step}.x first, then to {after}")
+    old_talos, new_talos = _version(old.get("talos_version")), _version(new.get("talos_version"))
+    if old_talos and new_talos and old_talos != new_talos:
+        before, after = old.get("talos_version"), new.get("talos_version")
+        if new_talos < old_talos and not new.get("allow_downgrade"):
+            problems.append(f"cluster.talosVersion {before} -> {after} is a downgrade: each node would install the "
+                            f"older Talos; if that is meant (a rollback), set cluster.allowDowngrade: true for this up")
+        elif new_talos[:2] > old_talos[:2] and new_talos[1] > old_talos[1] + 1:
+            step = f"v{old_talos[0]}.{old_talos[1] + 1}"
+            problems.append(f"cluster.talosVersion {before} -> {after} skips a minor release: Talos upgrades through "
+                            f"each minor release (its upgrade guide); upgrade to the newest {step}.x first, then to "
+                            f"{after}")
+        line = f"v{old_talos[0]}.{old_talos[1]}"
+        if new_k8s and old_k8s != new_k8s and line in KUBERNETES_RANGES:
+            low, high = KUBERNETES_RANGES[line]
+            if not low <= new_k8s[:2] <= high:
+                problems.append(f"cluster.kubernetesVersion {new.get('kubernetes_version')} is not one the nodes' Talos "
+                                f"{before} runs ({low[0]}.{low[1]}-{high[0]}.{high[1]}), and they keep it until each "
+                                f"is upgraded; change cluster.talosVersion in one `pulumi up`, "
+                                f"cluster.kubernetesVersion in the next")
+    return problems
+
+
 def other_changes(old: Mapping[str, Any], new: Mapping[str, Any], replaced: str) -> list[str]:
     """What else this up does to nodes besides replacing `replaced`'s VM, each a short phrase."""
     found = []
@@ -193,6 +245,7 @@ def problems(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> list[s
     found = [problem for name, node in sorted(new["nodes"].items()) if name in old_nodes
              for problem in disk_problems(name, old_nodes[name].get("vm"), node.get("vm") or {})
              + data_volume_problems(name, recorded_data_volume(old_nodes[name]), node.get("data_volume"))]
+    found += version_problems(old, new)
     found += made_with_problems(old_nodes, new["nodes"])
     found += live_change_problems(old, new)
     replaced = replaced_nodes(old, new)

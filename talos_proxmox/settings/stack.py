@@ -125,6 +125,7 @@ class ClusterSettings:
     secrets_file: Optional[str]
     system_disk_encryption: str = "none"  # or "tpm": STATE and EPHEMERAL sealed to the node's TPM
     deletion_protection: bool = True  # `pulumi destroy` refused before anything is touched; secrets never replaced
+    allow_downgrade: bool = False  # a lower talosVersion is refused unless the stack says so
 
 
 @dataclass(frozen=True)
@@ -607,7 +608,7 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
     s = r.section(raw, "cluster", (
         "name", "endpoint", "vip", "talosVersion", "kubernetesVersion", "podSubnets", "serviceSubnets",
         "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile",
-        "systemDiskEncryption", "deletionProtection"))
+        "systemDiskEncryption", "deletionProtection", "allowDowngrade"))
     ks = r.section(s.get("kubespan"), "cluster.kubespan", ("enabled", "mtu", "advertiseKubernetesNetworks"))
     role_patches_raw = r.section(s.get("rolePatches"), "cluster.rolePatches", ROLES)
     return dict(
@@ -648,6 +649,8 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
                                        default="none"),
         deletion_protection=r.value(s, "deletionProtection", "cluster.deletionProtection", _bool,
                                     "is not true or false", default=True),
+        allow_downgrade=r.value(s, "allowDowngrade", "cluster.allowDowngrade", _bool, "is not true or false",
+                                default=False),
     )
 
 

@@ -216,7 +216,7 @@ BAD_STACKS = [
     ({"cluster.secretsFile": 5},
      'talos-proxmox:cluster.secretsFile: 5 is not a file path'),
     ({"cluster.unknownKey": 1},
-     'talos-proxmox:cluster.unknownKey: 1 is not a known key (expected one of: name, endpoint, vip, talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection)'),
+     'talos-proxmox:cluster.unknownKey: 1 is not a known key (expected one of: name, endpoint, vip, talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection, allowDowngrade)'),
     # network
     ({"network.subnet": "10.10.0.0/33"},
      "talos-proxmox:network.subnet: '10.10.0.0/33' is not a network in CIDR form (expected e.g. 10.255.200.0/24)"),

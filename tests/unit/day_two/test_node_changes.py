@@ -192,7 +192,7 @@ def test_a_plan_from_before_data_volumes_were_recorded_had_machine_disks():
 def test_node_changes_checks_the_new_plan_against_the_recorded_one():
     provider = NodeChangesProvider()
     recorded = provider.create(OLD).outs
-    assert recorded == OLD and provider.check({}, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})).failures == []
+    assert recorded == {**OLD, "talos_version": None, "allow_downgrade": None} and provider.check({}, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})).failures == []
     failures = provider.check(recorded, plan({"cp-1": {"vm_id": 1}, "cp-2": {"vm_id": 2}})).failures
     assert [(f.property, f.reason.split(" would ")[0]) for f in failures] == [
         ("nodes", "nodes cp-1 (vmId 9101 -> 1), cp-2 (vmId 9102 -> 2)")]
@@ -334,3 +334,43 @@ def test_a_disk_grown_with_a_hardware_change_of_the_same_vm_is_refused_with_the_
                        "next")
     # each on its own, or on different nodes, is fine
     assert node_changes.problems(OLD, plan({"w-1": {"disk_gb": 30}, "cp-1": {"cores": 4}})) == []
+
+
+# --- version paths -----------------------------------------------------------------------------------
+
+def versions(talos="v1.13.7", kubernetes="1.36.2", allow_downgrade=False) -> dict:
+    return {**plan(), "talos_version": talos, "kubernetes_version": kubernetes, "allow_downgrade": allow_downgrade}
+
+
+def test_kubernetes_moves_one_minor_version_at_a_time_and_never_down():
+    assert node_changes.problems(versions(kubernetes="1.35.4"), versions(kubernetes="1.36.2")) == []
+    assert node_changes.problems(versions(kubernetes="1.36.2"), versions(kubernetes="1.36.5")) == []
+    [skipped] = node_changes.problems(versions(kubernetes="1.34.1"), versions(kubernetes="1.36.2"))
+    assert skipped == ("cluster.kubernetesVersion 1.34.1 -> 1.36.2 skips a minor version: Kubernetes moves one minor "
+                       "version at a time (its version skew policy; talosctl upgrade-k8s refuses more); upgrade to "
+                       "the newest 1.35.x first, then to 1.36.2")
+    [down] = node_changes.problems(versions(kubernetes="1.36.2"), versions(kubernetes="1.35.9"))
+    assert down.startswith("cluster.kubernetesVersion 1.36.2 -> 1.35.9 is a downgrade")
+
+
+def test_talos_upgrades_through_each_minor_release_and_goes_down_only_when_asked():
+    assert node_changes.problems(versions(talos="v1.13.7"), versions(talos="v1.14.0")) == []
+    [skipped] = node_changes.problems(versions(talos="v1.12.7"), versions(talos="v1.14.1"))
+    assert skipped.startswith("cluster.talosVersion v1.12.7 -> v1.14.1 skips a minor release")
+    assert "upgrade to the newest v1.13.x first" in skipped
+    [down] = node_changes.problems(versions(talos="v1.13.8"), versions(talos="v1.13.7"))
+    assert down.endswith("set cluster.allowDowngrade: true for this up")
+    assert node_changes.problems(versions(talos="v1.13.8"), versions(talos="v1.13.7", allow_downgrade=True)) == []
+    assert node_changes.problems(versions(talos="v1.14.0"), versions(talos="v1.15.0-beta.1")) == []
+
+
+def test_a_kubernetes_version_the_nodes_talos_cannot_run_waits_for_their_upgrade():
+    [problem] = node_changes.problems(versions(talos="v1.13.7", kubernetes="1.36.2"),
+                                      versions(talos="v1.14.1", kubernetes="1.37.0"))
+    assert problem == ("cluster.kubernetesVersion 1.37.0 is not one the nodes' Talos v1.13.7 runs (1.31-1.36), and "
+                       "they keep it until each is upgraded; change cluster.talosVersion in one `pulumi up`, "
+                       "cluster.kubernetesVersion in the next")
+
+
+def test_a_plan_recorded_before_talos_versions_were_has_no_talos_path_to_compare():
+    assert node_changes.problems(plan(), versions(talos="v1.15.0")) == []
