@@ -40,8 +40,8 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import cluster_health, etcd_snapshots, node_changes, node_removal, rolling, vm_hardware
-from talos_proxmox.day_two.progress import progress_printer
+from talos_proxmox.day_two import cluster_health, cluster_lock, etcd_snapshots, node_changes, node_removal, rolling, vm_hardware
+from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.proxmox_api import privileges, vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
 from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
@@ -91,6 +91,13 @@ def cluster_key(talosconfig) -> str | None:
     except (ValueError, TypeError, KeyError):
         return None
     return hashlib.sha256(ca).hexdigest()[:16]
+
+
+def _operations_lock(props: dict[str, Any], what: str):
+    """The cluster's operations lock (talos_proxmox.day_two.cluster_lock) for this node's step."""
+    name = props.get("node_name")
+    return cluster_lock.hold(cluster_key(props.get("talosconfig")), f"{what} of {name}",
+                             on_wait=lambda message: note(what, f"{name}: {message}"))
 
 
 def _timeout(props: dict[str, Any]) -> float:
@@ -201,19 +208,27 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        if olds.get("installer_image") != news.get("installer_image"):
-            upgrade_step(news)
-        if olds.get("kubernetes_version") != news.get("kubernetes_version"):
-            kubernetes_step(news)
+        upgrade = olds.get("installer_image") != news.get("installer_image")
+        kubernetes = olds.get("kubernetes_version") != news.get("kubernetes_version")
         changes = vm_hardware.hardware_changes(olds.get("vm"), news.get("vm") or {})
-        if changes:
-            hardware_step(news, changes, self._proxmox(_node(news)))
+        if upgrade or kubernetes or changes:
+            with _operations_lock(news, "roll"):
+                if upgrade:
+                    upgrade_step(news)
+                if kubernetes:
+                    kubernetes_step(news)
+                if changes:
+                    hardware_step(news, changes, self._proxmox(_node(news)))
         return dynamic.UpdateResult(outs=_outputs(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         return dynamic.ReadResult(id_=id_, outs=props)
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
+        with _operations_lock(props, "removal"):
+            self._remove(props)
+
+    def _remove(self, props: dict[str, Any]) -> None:
         talosconfig = props["talosconfig"]
         node = _node(props)
         event = progress_printer("remove", position=props.get("position"))
