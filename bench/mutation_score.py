@@ -48,8 +48,9 @@ PROJECT_PATHS = ["talos_proxmox", "providers", "components", "schematics", "stac
 
 # module -> (files mutated, the tests that are that module's own)
 MODULES = {
-    "settings": (["talos_proxmox/settings/stack.py", "talos_proxmox/settings/stack_config.py",
-                  "talos_proxmox/settings/credentials.py"],
+    "settings": ([f"talos_proxmox/settings/{module}.py" for module in (
+                      "stack", "model", "values", "cluster", "network", "proxmox", "image", "nodes", "addons",
+                      "lifecycle", "stack_config", "credentials")],
                  ["tests/unit/settings/test_stack.py", "tests/unit/settings/test_values.py", "tests/program/test_credentials.py",
                   "tests/program/test_bad_stacks.py", "tests/unit/commands/test_render.py"]),
     "render": (["talos_proxmox/talos_config/machine_config.py", "talos_proxmox/talos_config/merge.py"],

@@ -34,7 +34,7 @@ from talos_proxmox.cluster_plan.addon_values import (
 )
 from providers.cluster_health import ClusterHealth
 from providers.helm_release_mode import AtomicUpgrades
-from talos_proxmox.settings.stack import Settings
+from talos_proxmox.settings.model import Settings
 
 # Seconds Helm waits for a release's workloads; a fresh cluster pulls every image first.
 RELEASE_TIMEOUT_SECONDS = 600

@@ -26,7 +26,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
     talosconfig_inputs,
 )
 from talos_proxmox.day_two.rolling import RollNode, roll_order
-from talos_proxmox.settings.stack import Settings
+from talos_proxmox.settings.model import Settings
 from providers.node_lifecycle import NodeChanges
 from providers.talos_operations import Bootstrap, Kubeconfig, NodesInstalled
 from providers.secrets import MachineSecrets

@@ -14,7 +14,7 @@ import pulumi_proxmoxve as proxmoxve
 from talos_proxmox.cluster_plan.resource_inputs import machine_config_inputs, vm_facts
 from providers.machine_configuration import MachineConfiguration
 from providers.node_lifecycle import NodeLifecycle
-from talos_proxmox.settings.stack import NodeSettings, Settings
+from talos_proxmox.settings.model import NodeSettings, Settings
 from providers.talos_operations import ConfigurationApply
 
 # The CD-ROM sits on ide2, Proxmox's own default slot for it and one that q35 machines also have.

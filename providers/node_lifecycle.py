@@ -44,7 +44,7 @@ from talos_proxmox.day_two import cluster_health, cluster_lock, etcd_snapshots, 
 from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.proxmox_api import privileges, vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
-from talos_proxmox.settings.stack import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
+from talos_proxmox.settings.model import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
 from providers import has_unknowns, vm_replaced
 from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint

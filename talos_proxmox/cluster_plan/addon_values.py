@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from talos_proxmox.talos_config.merge import deep_merge
-from talos_proxmox.settings.stack import HubbleSettings, Settings
+from talos_proxmox.settings.model import HubbleSettings, Settings
 
 NAMESPACE = "kube-system"
 CILIUM_RELEASE = "cilium"

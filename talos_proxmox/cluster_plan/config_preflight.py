@@ -14,7 +14,8 @@ import functools
 
 from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts
-from talos_proxmox.settings.stack import PROJECT, NodeSettings, Settings, is_dns_name
+from talos_proxmox.settings.model import PROJECT, NodeSettings, Settings
+from talos_proxmox.settings.values import is_dns_name
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 
 

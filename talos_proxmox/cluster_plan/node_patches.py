@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from talos_proxmox.settings.stack import NodeSettings, Settings
+from talos_proxmox.settings.model import NodeSettings, Settings
 from talos_proxmox.talos_config.machine_config import MULTIDOC_KUBERNETES, parse_talos_version
 
 # What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).

@@ -12,7 +12,7 @@ from typing import Any, Optional
 from talos_proxmox.image_factory import images
 from talos_proxmox.cluster_plan import node_patches as derived_patches
 from talos_proxmox.cluster_plan.node_patches import node_patches
-from talos_proxmox.settings.stack import NodeSettings, Settings
+from talos_proxmox.settings.model import NodeSettings, Settings
 
 
 @dataclass(frozen=True)

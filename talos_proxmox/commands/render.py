@@ -22,7 +22,7 @@ from talos_proxmox.image_factory import images
 from talos_proxmox.talos_config import machine_config, client_config, secrets_bundle
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs, talosconfig_inputs
 from talos_proxmox.settings.credentials import CredentialsError
-from talos_proxmox.settings.stack import Settings, SettingsError
+from talos_proxmox.settings.model import Settings, SettingsError
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 from talos_proxmox.day_two.vm_hardware import HARDWARE, hardware_changes
 from talos_proxmox.engine_values import with_integers
-from talos_proxmox.settings.stack import KUBERNETES_RANGES
+from talos_proxmox.settings.model import KUBERNETES_RANGES
 
 # fact -> its stack key: a change of any of them makes a new VM.
 IDENTITY = {"host": "proxmoxNode", "vm_id": "vmId", "mac": "mac"}
@@ -215,7 +215,8 @@ def version_problems(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
                 problems.append(f"cluster.kubernetesVersion {new.get('kubernetes_version')} is not one the nodes' Talos "
                                 f"{before} runs ({low[0]}.{low[1]}-{high[0]}.{high[1]}), and they keep it until each "
                                 f"is upgraded; change cluster.talosVersion in one `pulumi up`, "
-                                f"cluster.kubernetesVersion in the next")
+                                f"cluster.kubernetesVersion in the next (pin cluster.kubernetesVersion: "
+                                f"{old.get('kubernetes_version')} meanwhile if the stack takes the Talos line's default)")
     return problems
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from talos_proxmox.settings.credentials import SECURE, ensure_no_plaintext_credentials, is_secure, plain_leaves
-from talos_proxmox.settings.stack import PROJECT, Settings, SettingsError, load_settings, stack_file_values
+from talos_proxmox.settings.model import PROJECT, Settings, SettingsError
+from talos_proxmox.settings.stack import load_settings, stack_file_values
 from talos_proxmox.talos_config import secrets_bundle
 
 # Namespaces a stack of this program uses; a near miss of one of them is a typo, not another provider.

@@ -39,7 +39,7 @@ import grpc
 import yaml
 
 from talos_proxmox.commands import render
-from talos_proxmox.settings.stack import PROJECT
+from talos_proxmox.settings.model import PROJECT
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config import secrets_bundle
 from talos_proxmox.talos_config import pki

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
-from talos_proxmox.settings.stack import PROJECT
+from talos_proxmox.settings.model import PROJECT
 from tests.paths import REPO
 
 TOOLS = REPO / ".tools" / "bin"

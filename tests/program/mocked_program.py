@@ -22,7 +22,8 @@ from pulumi.runtime.sync_await import _sync_await
 
 from providers.schematic import INPUTS as SCHEMATIC_INPUTS
 from providers.schematic import schematic_outputs
-from talos_proxmox.settings.stack import PROJECT, stack_file_config
+from talos_proxmox.settings.model import PROJECT
+from talos_proxmox.settings.stack import stack_file_config
 from tests.paths import REPO
 
 MAIN = REPO / "__main__.py"

@@ -18,7 +18,8 @@ import yaml
 
 from talos_proxmox.commands import render
 from talos_proxmox.settings.credentials import CredentialsError
-from talos_proxmox.settings.stack import PROJECT, SettingsError, stack_file_values
+from talos_proxmox.settings.model import PROJECT, SettingsError
+from talos_proxmox.settings.stack import stack_file_values
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 from tests.paths import REPO
 from tests.program.mocked_program import run_program

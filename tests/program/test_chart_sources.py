@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from talos_proxmox.settings.stack import SettingsError
+from talos_proxmox.settings.model import SettingsError
 from tests.stand_ins.chart_sources import ChartCa
 from tests.program.test_addons_component import RELEASE, run, stack
 

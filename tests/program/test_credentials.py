@@ -12,7 +12,8 @@ from talos_proxmox.settings.credentials import (
     plain_leaves,
     plaintext_credentials,
 )
-from talos_proxmox.settings.stack import SettingsError, stack_file_values
+from talos_proxmox.settings.model import SettingsError
+from talos_proxmox.settings.stack import stack_file_values
 from talos_proxmox.settings.stack_config import StackConfig, load_stack, mask_secrets
 from tests.paths import REPO, STACKS
 

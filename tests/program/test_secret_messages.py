@@ -8,7 +8,7 @@ import json
 import pulumi
 import pytest
 
-from talos_proxmox.settings.stack import PROJECT, SettingsError
+from talos_proxmox.settings.model import PROJECT, SettingsError
 from talos_proxmox.settings.stack_config import MASK, StackConfig, load_stack, mask_secrets
 from tests.paths import REPO
 from tests.program.mocked_program import run_program, stack_config
@@ -47,7 +47,7 @@ def test_secret_values_of_misspelled_and_wrong_keys_are_named_not_quoted():
         "cilium, hubble, ccm, health, lifecycle)",
         "  - talos-proxmox:cluster.tokn: [secret] is not a known key (expected one of: name, endpoint, vip, "
         "talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, "
-        "patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection)",
+        "patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection, allowDowngrade)",
         "  - talos-proxmox:cluster.name: [secret] is not a cluster name (expected lowercase letters, digits and "
         "'-', at most 63)",
     ]

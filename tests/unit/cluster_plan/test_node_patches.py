@@ -192,7 +192,7 @@ def test_v1_14_without_discovery_or_cilium():
 
 
 def test_v1_14_data_disk_must_be_a_user_volume_mount():
-    from talos_proxmox.settings.stack import SettingsError
+    from talos_proxmox.settings.model import SettingsError
 
     raw = stack_file_config(str(STACKS / "Pulumi.test-cluster.yaml"))
     raw["cluster"] = {**raw["cluster"], "talosVersion": "v1.14.0"}
@@ -214,6 +214,9 @@ def test_moving_a_cluster_with_data_disks_to_v1_14_is_refused_before_anything_ch
     before, after = settings(), v1_14()
     found = node_changes.problems(node_change_plan(before, INSTALLER), node_change_plan(after, INSTALLER))
     with_disks = [n.name for n in before.nodes if n.data_disk is not None]
+    # (the stack takes v1.14's default Kubernetes, 1.37, which the nodes' v1.13 cannot run: refused as well)
+    [*found, version] = found
+    assert version.startswith("cluster.kubernetesVersion 1.37.0 is not one the nodes' Talos v1.13")
     assert with_disks and [p.split(":")[0] for p in found] == [f"node {name}" for name in sorted(with_disks)]
     assert all("(machine.disks at /var/lib/longhorn -> user volume at /var/mnt/longhorn)" in p for p in found)
     # Without data disks the same move is an upgrade like any other.

@@ -15,7 +15,8 @@ import yaml
 from talos_proxmox.commands import render
 from talos_proxmox.cluster_plan import resource_inputs
 from talos_proxmox.talos_config import machine_config, pki, secrets_bundle
-from talos_proxmox.settings.stack import RENDER_OUTPUT_FILES, load_settings, stack_file_values
+from talos_proxmox.settings.model import RENDER_OUTPUT_FILES
+from talos_proxmox.settings.stack import load_settings, stack_file_values
 from tests.paths import REPO
 from tests.program.mocked_program import stack_config
 

@@ -369,7 +369,8 @@ def test_a_kubernetes_version_the_nodes_talos_cannot_run_waits_for_their_upgrade
                                       versions(talos="v1.14.1", kubernetes="1.37.0"))
     assert problem == ("cluster.kubernetesVersion 1.37.0 is not one the nodes' Talos v1.13.7 runs (1.31-1.36), and "
                        "they keep it until each is upgraded; change cluster.talosVersion in one `pulumi up`, "
-                       "cluster.kubernetesVersion in the next")
+                       "cluster.kubernetesVersion in the next (pin cluster.kubernetesVersion: 1.36.2 meanwhile if the "
+                       "stack takes the Talos line's default)")
 
 
 def test_a_plan_recorded_before_talos_versions_were_has_no_talos_path_to_compare():

@@ -3,10 +3,21 @@
 
 import pytest
 
-from talos_proxmox.settings.stack import (
-    PROJECT, CcmSettings, CiliumSettings, DataDisk, EtcdSnapshots, HubbleSettings, ImageSettings, KubeSpan,
-    LifecycleSettings, NodeIpam, ProxmoxSettings, SettingsError, load_settings, stack_file_config,
+from talos_proxmox.settings.model import (
+    PROJECT,
+    CcmSettings,
+    CiliumSettings,
+    DataDisk,
+    EtcdSnapshots,
+    HubbleSettings,
+    ImageSettings,
+    KubeSpan,
+    LifecycleSettings,
+    NodeIpam,
+    ProxmoxSettings,
+    SettingsError,
 )
+from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests.program.test_bad_stacks import CP, WORKER, broken, row_id
 from tests.paths import STACKS
 

@@ -7,8 +7,10 @@ import copy
 
 import pytest
 
-from talos_proxmox.settings.stack import SettingsError, address_block_range, load_settings, stack_file_values, \
-    top_level_key
+from talos_proxmox.settings.addons import address_block_range
+from talos_proxmox.settings.model import SettingsError
+from talos_proxmox.settings.stack import load_settings, stack_file_values
+from talos_proxmox.settings.values import top_level_key
 from talos_proxmox.settings.stack_config import StackConfig, load_stack, misspelled_namespaces
 from talos_proxmox.talos_config import secrets_bundle
 from tests.paths import REPO

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from google.protobuf import descriptor_pb2
 
-from talos_proxmox.settings.stack import DEFAULT_TALOS_VERSION
+from talos_proxmox.settings.model import DEFAULT_TALOS_VERSION
 from talos_proxmox.talos_api.generated.common import common_pb2
 from talos_proxmox.talos_api.generated.machine import image_pb2, lifecycle_pb2, machine_pb2
 from tests.paths import DATA

@@ -29,7 +29,7 @@ import yaml
 from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs
 from talos_proxmox.commands import render
-from talos_proxmox.settings.stack import DEFAULT_KUBERNETES_VERSIONS, PROJECT, Settings
+from talos_proxmox.settings.model import DEFAULT_KUBERNETES_VERSIONS, PROJECT, Settings
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 from talos_proxmox.talos_config import machine_config, secrets_bundle
 from tests.program.mocked_program import stack_config, with_sections
