@@ -11,7 +11,7 @@ from pulumi.runtime import config as runtime_config
 
 from components.cluster import TalosCluster
 from talos_proxmox.settings.credentials import CredentialsError
-from talos_proxmox.settings.stack import SettingsError
+from talos_proxmox.settings.model import SettingsError
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 
 try:
