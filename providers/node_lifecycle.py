@@ -40,7 +40,16 @@ from typing import Any, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from talos_proxmox.day_two import cluster_health, cluster_lock, etcd_snapshots, node_changes, node_removal, rolling, vm_hardware
+from talos_proxmox.day_two import (
+    cluster_health,
+    cluster_lock,
+    drift,
+    etcd_snapshots,
+    node_changes,
+    node_removal,
+    rolling,
+    vm_hardware,
+)
 from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.proxmox_api import privileges, vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
@@ -222,7 +231,25 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         return dynamic.UpdateResult(outs=_outputs(news))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
-        return dynamic.ReadResult(id_=id_, outs=props)
+        """Refresh: the Talos version the node runs (another than the stack's is recorded, so the next up rolls
+        it back to the stack's) and, for a control plane, its etcd membership (missing: named, with the way;
+        nothing recorded: the up does not guess). An unreachable node keeps its last known state."""
+        if not props.get("talosconfig"):
+            return dynamic.ReadResult(id_=id_, outs=props)
+        node = _node(props)
+        name = f"node {node.name}"
+        state = drift.read_node_state(node.address, node.name, props["talosconfig"], node.dial,
+                                      control_plane=node.role == "controlplane")
+        if state.unreachable:
+            note("refresh", f"{name}: unreachable, keeps its last known state ({state.unreachable})")
+            return dynamic.ReadResult(id_=id_, outs=props)
+        if state.etcd_member is False:
+            note("refresh", drift.missing_member(name))
+        found = drift.version_drift(name, state.talos_version, props.get("talos_version"))
+        if found is None:
+            return dynamic.ReadResult(id_=id_, outs=props)
+        note("refresh", found)
+        return dynamic.ReadResult(id_=id_, outs={**props, "installer_image": f"(running Talos {state.talos_version})"})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
         with _operations_lock(props, "removal"):

@@ -15,6 +15,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from providers import check_result, has_unknowns
+from talos_proxmox.day_two.progress import note
 from talos_proxmox.talos_config import client_config, pki, secrets_bundle
 
 DEFAULT_RENEW_BEFORE_DAYS = 30
@@ -88,6 +89,15 @@ class TalosconfigProvider(dynamic.ResourceProvider):
         return dynamic.UpdateResult(outs=talosconfig_outputs(news, olds))
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        """Refresh: a warning when the client certificate is due for renewal (the next up renews it)."""
+        expires = props.get("expires")
+        if expires:
+            left = datetime.datetime.fromisoformat(expires) - datetime.datetime.now(datetime.timezone.utc)
+            renew_before = datetime.timedelta(days=float(props.get("renew_before_days") or DEFAULT_RENEW_BEFORE_DAYS))
+            if left <= renew_before:
+                note("refresh", f"the talosconfig's client certificate expires {expires} ({max(left.days, 0)} days "
+                                f"left): the next `pulumi up` issues a new one, and `pulumi stack output talosconfig` "
+                                f"gives it")
         return dynamic.ReadResult(id_=id_, outs=props)
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:

@@ -76,3 +76,43 @@ def drift_report(name: str, applied: str, running: str) -> list[str]:
     summary = (f"{name}: its running config differs from the stack's ({len(changed) - added} line(s) set by hand, "
                f"{added} to apply back; secrets masked)")
     return [summary, *diff.splitlines()]
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a refresh reads of a node's lifecycle: the Talos version it runs, and for a control plane
+    whether it is an etcd member. `unreachable`: why it could not be read (nothing else is known)."""
+    talos_version: Optional[str] = None
+    etcd_member: Optional[bool] = None
+    unreachable: str = ""
+
+
+def read_node_state(node: str, hostname: str, talosconfig: str | Mapping, endpoint: Optional[str] = None, *,
+                    control_plane: bool, timeout: float = READ_TIMEOUT) -> NodeState:
+    """Read `node`'s running Talos version, and for a control plane its etcd membership, over mTLS."""
+    credentials = read_talosconfig(talosconfig).credentials
+    try:
+        with TalosClient([endpoint or node], credentials=credentials, node=node) as client:
+            version = client.version(timeout=timeout).messages[0].version.tag
+            member = None
+            if control_plane:
+                reply = client.etcd_member_list(timeout=timeout)
+                member = any(m.hostname == hostname for message in reply.messages for m in message.members)
+        return NodeState(talos_version=version, etcd_member=member)
+    except errors.TalosApiError as exc:
+        return NodeState(unreachable=str(exc))
+
+
+def version_drift(name: str, running: Optional[str], wanted: Optional[str]) -> Optional[str]:
+    """A line when the node runs another Talos than the stack says (upgraded or rolled back by hand, or by
+    Talos's own fallback after a failed boot); None when they agree or either is unknown."""
+    if not running or not wanted or running.lstrip("v") == str(wanted).lstrip("v"):
+        return None
+    return (f"{name}: runs Talos {running}, the stack says {wanted}: the next up rolls it to {wanted}, one node at a "
+            f"time as upgrades go")
+
+
+def missing_member(name: str) -> str:
+    return (f"{name}: a control plane that is not an etcd member (removed by hand?); `pulumi up` does not guess: "
+            f"take it out of nodes and `pulumi up` (it is reset), then add it back and `pulumi up` (it joins etcd "
+            f"anew)")

@@ -3,8 +3,9 @@ back (issue 35's config and maintenance parts).
 
 Stand-ins as in tests/engine/test_first_deploy_and_day_two.py: one control plane and two workers at 127.0.0.72-74:50000.
 After the first up, e2e-worker-1's config is changed by hand (an ApplyConfiguration over mTLS with the
-stack's talosconfig, as `talosctl apply-config` sends it) and e2e-worker-2 is reset to maintenance mode
-(it boots the ISO again). Then a preview with --refresh, and an up with --refresh.
+stack's talosconfig, as `talosctl apply-config` sends it), e2e-worker-2 is reset to maintenance mode
+(it boots the ISO again) and e2e-cp-1 runs Talos v1.13.6 (rolled back by hand). Then a preview with
+--refresh, and an up with --refresh.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ NODES = [("e2e-cp-1", "controlplane", "127.0.0.72"), ("e2e-worker-1", "worker", 
          ("e2e-worker-2", "worker", "127.0.0.74")]
 TALOS = "v1.13.7"
 BY_HAND = "8192"  # net.core.somaxconn, set by hand on e2e-worker-1
+ROLLED_BACK = "v1.13.6"  # what e2e-cp-1 runs after a rollback by hand
 
 
 def hand_edited(config: bytes) -> bytes:
@@ -43,6 +45,7 @@ def drift(tmp_path_factory):
             client.apply_configuration(hand_edited(worker.config), mode="no-reboot", timeout=10)
         reset.go_down()
         reset.boot_from_iso()
+        cluster.nodes["e2e-cp-1"].version_tag = ROLLED_BACK
         calls_before = {name: len(fake.calls) for name, fake in cluster.nodes.items()}
         preview = project.preview("--refresh", "--diff")
         up = project.up("--refresh")
@@ -53,19 +56,25 @@ def drift(tmp_path_factory):
 def test_the_refreshed_preview_names_each_drifted_node_and_plans_only_their_applies(drift):
     preview = drift["preview"]
     planned = {name: op for name, op in preview.changes().items() if op != "refresh"}  # every resource is read
-    assert planned == {"apply-e2e-worker-1": "update", "apply-e2e-worker-2": "update"}
+    assert planned == {"apply-e2e-worker-1": "update", "apply-e2e-worker-2": "update", "lifecycle-e2e-cp-1": "update"}
     printed = "".join(preview.diagnostics("info#err")) + preview.stderr
     # the stack sets no sysctls on it: the hand-set one is two lines (the key and its map), none to add back
     assert "node 127.0.0.73: its running config differs from the stack's (2 line(s) set by hand, 0 to apply back" in printed
     assert "talos-proxmox: refresh: -    sysctls:" in printed
     assert f'talos-proxmox: refresh: -        net.core.somaxconn: "{BY_HAND}"' in printed
     assert "node 127.0.0.74: in maintenance mode; the next up applies its config again" in printed
-    assert "node 127.0.0.72" not in printed  # the control plane did not drift
+    assert "node 127.0.0.72" not in printed  # the control plane's config did not drift, its version did:
+    assert (f"node e2e-cp-1: runs Talos {ROLLED_BACK}, the stack says {TALOS}: the next up rolls it to {TALOS}"
+            in printed)
+    assert "not an etcd member" not in printed
 
 
 def test_the_refreshed_up_applies_the_stack_config_back_and_reinstalls_the_reset_node(drift):
     cluster, first = drift["cluster"], drift["first"]
-    assert set(drift["up"].steps("update")) == {"apply-e2e-worker-1", "apply-e2e-worker-2"}
+    assert set(drift["up"].steps("update")) == {"apply-e2e-worker-1", "apply-e2e-worker-2", "lifecycle-e2e-cp-1"}
+    cp = cluster.nodes["e2e-cp-1"]
+    assert cp.version_tag == TALOS  # rolled back to the stack's version, as an upgrade
+    assert [c.rpc for c in cp.calls[drift["calls_before"]["e2e-cp-1"]:] if c.rpc == "LifecycleService/Upgrade"]
     worker, reset = cluster.nodes["e2e-worker-1"], cluster.nodes["e2e-worker-2"]
     assert worker.config == first.rendered["e2e-worker-1"]
     assert reset.mode == "configured" and reset.config == first.rendered["e2e-worker-2"]
