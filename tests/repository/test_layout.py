@@ -86,3 +86,40 @@ def test_old_pickles_load_in_a_fresh_process_as_the_dynamic_provider_host_unpick
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "providers.dynamic_talos" not in done.stdout and "providers.talos_operations" in done.stdout
+
+
+# --- the tree's own rules --------------------------------------------------------------------------
+
+TEST_ONLY_PACKAGES = ("pytest", "mutmut", "jsonschema", "grpcio-tools", "fakepve")
+SERVER_MARKERS = ("HTTPServer(", "grpc.server(", "FakePve", "web.Application(")
+
+
+def _requirement_names(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            names.add(line.split("==", 1)[0].split(">=", 1)[0].strip().lower())
+    return names
+
+
+def test_the_programs_requirements_hold_no_test_package():
+    program = _requirement_names(REPO / "requirements.txt")
+    assert program and not program & set(TEST_ONLY_PACKAGES)
+    assert "-r requirements.txt" in (REPO / "requirements-test.txt").read_text()
+    assert set(TEST_ONLY_PACKAGES) <= _requirement_names(REPO / "requirements-test.txt")
+
+
+def test_every_core_package_has_its_test_folder():
+    packages = sorted(p.parent.name for p in (REPO / "talos_proxmox").glob("*/__init__.py"))
+    assert len(packages) >= 8
+    missing = [name for name in packages if not list((REPO / "tests" / "unit" / name).glob("test_*.py"))]
+    assert missing == []
+
+
+def test_every_network_stand_in_lives_in_the_stand_ins_package():
+    """A test module that serves a protocol (HTTP, gRPC, the PVE API) is a stand-in: in tests/stand_ins/."""
+    outside = [str(path.relative_to(REPO)) for path in (REPO / "tests").rglob("*.py")
+               if "stand_ins" not in path.parts and any(marker in path.read_text() for marker in SERVER_MARKERS)
+               and path.name != "test_layout.py"]
+    assert outside == []
