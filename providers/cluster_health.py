@@ -15,6 +15,7 @@ import pulumi
 import pulumi.dynamic as dynamic
 
 from talos_proxmox.day_two.cluster_health import KubeApi, read_kubeconfig, wait_for_health
+from talos_proxmox.day_two.progress import note
 
 # Changes to these wait again; a new kubeconfig or timeout alone does not make the cluster unhealthy.
 RECHECK_INPUTS = ("expected_nodes", "triggers")
@@ -28,7 +29,8 @@ def _outputs(props: dict[str, Any], server: str) -> dict[str, Any]:
 def _wait(props: dict[str, Any]) -> str:
     access = read_kubeconfig(props["kubeconfig"])
     wait_for_health(KubeApi(access), int(props["expected_nodes"]), float(props["timeout_seconds"]),
-                    poll_seconds=float(props.get("poll_seconds") or 5.0))
+                    poll_seconds=float(props.get("poll_seconds") or 5.0),
+                    on_waiting=lambda line: note("health", line))
     return access.server
 
 

@@ -303,15 +303,23 @@ def helm_release_deployed(api: KubeApi, namespace: str, release: str) -> bool:
 def wait_for_health(api: KubeApi, expected_nodes: int, timeout_seconds: float,
                     poll_seconds: float = DEFAULT_POLL_SECONDS,
                     clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> int:
-    """Poll until healthy; returns the number of polls. Raises ClusterNotHealthy on timeout."""
-    deadline = clock() + timeout_seconds
-    polls = 0
+                    sleep: Callable[[float], None] = time.sleep,
+                    on_waiting: Optional[Callable[[str], None]] = None) -> int:
+    """Poll until healthy; returns the number of polls. Raises ClusterNotHealthy on timeout. `on_waiting`
+    hears what is still missing whenever that changes (a progress line for the long wait)."""
+    started = clock()
+    deadline = started + timeout_seconds
+    polls, told = 0, None
     while True:
         polls += 1
         problems = cluster_problems(api, expected_nodes)
         if not problems:
+            if on_waiting is not None and told is not None:
+                on_waiting(f"healthy ({clock() - started:.0f}s)")
             return polls
+        if on_waiting is not None and problems != told:
+            on_waiting(f"waiting ({clock() - started:.0f}s): {'; '.join(problems)}")
+            told = problems
         remaining = deadline - clock()
         if remaining <= 0:
             raise ClusterNotHealthy(api.server, timeout_seconds, problems)

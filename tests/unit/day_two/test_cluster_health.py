@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from talos_proxmox.day_two import cluster_health
 from talos_proxmox.day_two.cluster_health import (
     ClusterNotHealthy,
     KubeApi,
@@ -224,3 +225,18 @@ def test_neither_kube_proxy_nor_a_replacement(stand_in):
 
 def test_coredns_not_available(stand_in):
     assert _problems_from(stand_in, (CLUSTER, coredns(0))) == ["CoreDNS (kube-system/coredns): 0 of 2 replicas available"]
+
+
+def test_the_wait_prints_what_is_missing_whenever_it_changes_and_when_it_is_healthy():
+    class Api:
+        server = "https://10.0.0.1:6443"
+
+    answers = iter([["CoreDNS: 0 of 2 available"], ["CoreDNS: 0 of 2 available"], ["CoreDNS: 1 of 2 available"], []])
+    told, clock = [], iter(range(0, 100, 5))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cluster_health, "cluster_problems", lambda _api, _expected: next(answers))
+        polls = cluster_health.wait_for_health(Api(), 2, 60, poll_seconds=5, clock=lambda: next(clock),
+                                               sleep=lambda _s: None, on_waiting=told.append)
+    assert polls == 4
+    assert told == ["waiting (5s): CoreDNS: 0 of 2 available", "waiting (20s): CoreDNS: 1 of 2 available",
+                    "healthy (30s)"]
