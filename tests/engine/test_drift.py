@@ -10,9 +10,13 @@ stack's talosconfig, as `talosctl apply-config` sends it), e2e-worker-2 is reset
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import yaml
 
+from talos_proxmox.commands import drift as drift_command
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
 from tests.engine.cluster import engine_cluster, engine_stack, secret_texts
 
@@ -47,10 +51,14 @@ def drift(tmp_path_factory):
         reset.boot_from_iso()
         cluster.nodes["e2e-cp-1"].version_tag = ROLLED_BACK
         calls_before = {name: len(fake.calls) for name, fake in cluster.nodes.items()}
+        looked = io.StringIO()
+        with contextlib.redirect_stdout(looked):
+            looked_status = drift_command.main(["--stack", project.stack, "--secrets", str(tmp / "secrets.yaml"),
+                                                "--stacks-dir", str(project.stack_file.parent)])
         preview = project.preview("--refresh", "--diff")
         up = project.up("--refresh")
         yield {"first": first, "preview": preview, "up": up, "cluster": cluster, "project": project,
-               "calls_before": calls_before}
+               "calls_before": calls_before, "looked": looked.getvalue(), "looked_status": looked_status}
 
 
 def test_the_refreshed_preview_names_each_drifted_node_and_plans_only_their_applies(drift):
@@ -90,3 +98,14 @@ def test_a_refresh_prints_and_stores_no_secret(drift):
     state = str(drift["project"].export())
     for needle in needles:
         assert needle not in printed and needle not in state
+
+
+def test_the_read_only_drift_command_reports_the_same_without_pulumi(drift):
+    looked = drift["looked"]
+    assert drift["looked_status"] == 3  # drift found
+    assert "node e2e-worker-1: its running config differs from the stack's (2 line(s) set by hand, 0 to apply back" in looked
+    assert f'-        net.core.somaxconn: "{BY_HAND}"' in looked
+    assert "node e2e-worker-2: in maintenance mode" in looked
+    assert f"node e2e-cp-1: runs Talos {ROLLED_BACK}, the stack says {TALOS}" in looked
+    for needle in secret_texts(drift["cluster"]):
+        assert needle not in looked
