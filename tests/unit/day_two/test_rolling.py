@@ -705,7 +705,8 @@ def test_a_node_on_neither_version_is_still_waited_for(cluster, credentials):
         return machine_pb2.UpgradeResponse(messages=[machine_pb2.Upgrade(ack="Upgrade request received")])
     fakes["worker-1"].behaviours["Upgrade"] = on_another_version
     with pytest.raises(RollError) as failed:
-        _upgrade(credentials, _worker(nodes), timeout=1.5)
+        # 4 s of real time: on a loaded machine 1.5 s ran out before the roll reached the reboot wait
+        _upgrade(credentials, _worker(nodes), timeout=4.0)
     assert "still running Talos v1.12.9; waiting for it to reboot" in str(failed.value)
 
 
