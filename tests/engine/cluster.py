@@ -460,8 +460,9 @@ class EnvPulumiProject(PulumiProject):
 
 
 def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file: Path, **options) -> dict:
-    """The dev stack on loopback (e2e_config) adopting `secrets_file`, with Cilium
-    and the CCM off: no Kubernetes provider plugin can be built here at the pinned version (issue #18)."""
+    """The dev stack on loopback (e2e_config) adopting `secrets_file`, with Cilium and the CCM off: only
+    `engine_cluster(..., kubernetes=True)` has a real API server to install them into (test_addons.py
+    turns them on)."""
     config = e2e_config(cluster.factory.url, nodes, talos_version, **options)
     config["cluster"]["secretsFile"] = str(secrets_file)
     config["cilium"] = {"enabled": False}
