@@ -155,6 +155,21 @@ def test_every_resource_is_created_once_and_each_vm_made_then_started_through_th
         assert download < made[vm_id] < started[vm_id], vm_id
 
 
+def test_the_iso_is_named_after_the_cluster_and_no_disk_asks_for_an_io_thread(deployment):
+    """The ISO's file name carries the cluster, so the provider's overwrite_unmanaged can only ever replace this
+    cluster's own copy; behind virtio-scsi-pci PVE ignores an I/O thread and warns at every start."""
+    first = deployment.first
+    requests = deployment.cluster.pve.requests[:first.pve_requests]
+    [download] = [parse_qs(_text(body)) for method, path, body in requests
+                  if method == "POST" and path.endswith("/download-url")]
+    sid = image_facts(load_settings(first.config)).schematic_id
+    assert download["filename"] == [f"talos-dev-{sid[:12]}-{TALOS}-metal-amd64.iso"]
+    made = [parse_qs(_text(body)) for method, path, body in requests if (method, path) == ("POST", "/api2/json/nodes/pve/qemu")]
+    assert len(made) == len(NODES)
+    for vm in made:
+        assert vm["scsihw"] == ["virtio-scsi-pci"] and "iothread=0" in vm["scsi0"][0], vm["scsi0"]
+
+
 def _text(body) -> str:
     return body.decode() if isinstance(body, bytes) else str(body)
 
