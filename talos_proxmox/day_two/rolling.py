@@ -121,14 +121,21 @@ def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expecte
     """Wait until the node has gone down (or already reports the new tag): an upgrade ack only means
     the node accepted the request; it drains and installs before it reboots."""
 
+    seen: list[str] = []
+
     def gone_down(remaining: float) -> None:
+        call_timeout = min(CALL_TIMEOUT, remaining)
         try:
-            reply = talos_health.first_message(client.version(timeout=min(CALL_TIMEOUT, remaining)))
+            reply = talos_health.first_message(client.version(timeout=call_timeout))
         except errors.TalosApiError as exc:
+            if seen and call_timeout < CALL_TIMEOUT and isinstance(exc, errors.TalosDeadlineExceeded):
+                # only our own deadline cut this call short: no sign the node that just answered went down
+                raise NodeNotHealthy(f"still running Talos {seen[-1] or '?'}; waiting for it to reboot") from None
             if errors.transient_while_rebooting(exc):
                 return  # unreachable: it is rebooting
             raise
         tag = reply.version.tag if reply is not None else ""
+        seen.append(tag)
         if expected_tag and tag == expected_tag and tag != tag_before:
             return  # already back on the new version
         raise NodeNotHealthy(f"still running Talos {tag or '?'}; waiting for it to reboot")
