@@ -36,16 +36,14 @@ from providers.cluster_health import ClusterHealth
 from providers.helm_release_mode import AtomicUpgrades
 from talos_proxmox.settings.model import Settings
 
-# Seconds Helm waits for a release's workloads; a fresh cluster pulls every image first.
-RELEASE_TIMEOUT_SECONDS = 600
-
-
 def _release(resource_name: str, release_name: str, chart: str, version: str, values: dict[str, Any],
-             opts: pulumi.ResourceOptions, atomic: pulumi.Input[bool] = True, **chart_args: Any) -> k8s.helm.v3.Release:
-    """A release in kube-system that rolls back (atomic) and cleans up when an install or upgrade fails."""
+             timeout_seconds: int, opts: pulumi.ResourceOptions, atomic: pulumi.Input[bool] = True,
+             **chart_args: Any) -> k8s.helm.v3.Release:
+    """A release in kube-system that rolls back (atomic) and cleans up when an install or upgrade fails;
+    Helm waits `timeout_seconds` for its workloads to be ready."""
     return k8s.helm.v3.Release(
         resource_name, name=release_name, chart=chart, version=version, namespace=NAMESPACE, values=values,
-        atomic=atomic, cleanup_on_fail=True, timeout=RELEASE_TIMEOUT_SECONDS, opts=opts, **chart_args)
+        atomic=atomic, cleanup_on_fail=True, timeout=timeout_seconds, opts=opts, **chart_args)
 
 
 class ClusterAddons(pulumi.ComponentResource):
@@ -99,7 +97,8 @@ class ClusterAddons(pulumi.ComponentResource):
                                               settings.cilium.repository),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)))
             self.cilium = _release(
-                "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values, after_cluster,
+                "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values,
+                settings.cilium.timeout_seconds, after_cluster,
                 atomic=self.cilium_atomic.atomic,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=settings.cilium.repository,
                                                                ca_file=settings.cilium.ca_file))
@@ -116,7 +115,7 @@ class ClusterAddons(pulumi.ComponentResource):
             self.ccm_values = ccm_values(settings)
             # The chart is an oci:// reference: no repository to add.
             self.ccm = _release("talos-ccm", CCM_RELEASE, settings.ccm.chart, settings.ccm.version, self.ccm_values,
-                                after_cluster)
+                                settings.ccm.timeout_seconds, after_cluster)
 
         releases = [r for r in (self.cilium, self.ccm) if r is not None]
         if settings.health.wait:

@@ -13,14 +13,17 @@ from talos_proxmox.settings.model import (
     DEFAULT_CCM_CHART_VERSION,
     DEFAULT_CCM_CONTROLLERS,
     DEFAULT_CILIUM_VERSION,
+    DEFAULT_RELEASE_TIMEOUT_SECONDS,
     HubbleSettings,
     KNOWN_CCM_CONTROLLERS,
     NodeIpam,
     NodeSettings,
+    TIMEOUT_RANGE,
 )
 from talos_proxmox.settings.nodes import _is_network_or_broadcast
 from talos_proxmox.settings.values import (
     _Reader,
+    _TIMEOUT_EXPECTED,
     _bool,
     _int_in,
     _list_of,
@@ -34,7 +37,8 @@ from talos_proxmox.settings.values import (
 
 
 def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
-    s = r.section(raw, "cilium", ("enabled", "version", "repository", "caFile", "values", "loadBalancerAddresses"))
+    s = r.section(raw, "cilium", ("enabled", "version", "repository", "caFile", "values", "loadBalancerAddresses",
+                                  "timeoutSeconds"))
     return CiliumSettings(
         enabled=r.value(s, "enabled", "cilium.enabled", _bool, "is not true or false", default=True),
         version=r.value(s, "version", "cilium.version", _version, "is not a chart version (expected e.g. 1.19.6)",
@@ -47,7 +51,13 @@ def _read_cilium(r: _Reader, raw: Any) -> CiliumSettings:
                                         _list_of(_address_block), "is not a list of CIDRs or start-stop address "
                                         "ranges (expected e.g. [10.10.0.60/30] or [10.10.0.60-10.10.0.69])",
                                         default=()),
+        timeout_seconds=_release_timeout(r, s, "cilium"),
     )
+
+
+def _release_timeout(r: _Reader, s: Mapping[str, Any], section: str) -> int:
+    return r.value(s, "timeoutSeconds", f"{section}.timeoutSeconds", _int_in(*TIMEOUT_RANGE), _TIMEOUT_EXPECTED,
+                   default=DEFAULT_RELEASE_TIMEOUT_SECONDS)
 
 
 def address_block_range(block: str) -> tuple[Any, Any]:
@@ -86,7 +96,8 @@ def _read_hubble(r: _Reader, raw: Any) -> HubbleSettings:
 
 
 def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
-    s = r.section(raw, "ccm", ("enabled", "chart", "version", "replicas", "controllers", "nodeIpam", "values"))
+    s = r.section(raw, "ccm", ("enabled", "chart", "version", "replicas", "controllers", "nodeIpam", "values",
+                               "timeoutSeconds"))
     controllers = r.value(s, "controllers", "ccm.controllers", _controllers,
                           f"is not a list of CCM controllers (expected some of: {', '.join(KNOWN_CCM_CONTROLLERS)})",
                           default=DEFAULT_CCM_CONTROLLERS)
@@ -116,6 +127,7 @@ def _read_ccm(r: _Reader, raw: Any) -> CcmSettings:
         controllers=controllers,
         node_ipam=node_ipam,
         values=r.value(s, "values", "ccm.values", _mapping, "is not a mapping of Helm values", default={}),
+        timeout_seconds=_release_timeout(r, s, "ccm"),
     )
 
 

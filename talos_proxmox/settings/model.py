@@ -71,6 +71,7 @@ DEFAULT_CCM_CHART_VERSION = "0.5.4"
 DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
 
 
+DEFAULT_RELEASE_TIMEOUT_SECONDS = 600  # one Helm install or upgrade, image pulls included
 DEFAULT_LIFECYCLE_TIMEOUT_SECONDS = 1200  # one node's upgrade: drain, install, reboot, healthy again
 
 
@@ -193,6 +194,8 @@ class CiliumSettings:
     load_balancer_addresses: tuple[str, ...] = ()
     # PEM bundle (absolute path) of the CAs that sign `repository`'s HTTPS certificate (a private mirror).
     ca_file: Optional[str] = None
+    # Seconds Helm waits for the release's workloads (helm --timeout); a fresh cluster pulls every image.
+    timeout_seconds: int = DEFAULT_RELEASE_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ class CcmSettings:
     controllers: tuple[str, ...]
     node_ipam: Optional[NodeIpam]
     values: Mapping[str, Any]
+    timeout_seconds: int = DEFAULT_RELEASE_TIMEOUT_SECONDS  # as CiliumSettings.timeout_seconds
 
 
 @dataclass(frozen=True)

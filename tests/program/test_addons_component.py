@@ -192,6 +192,15 @@ def test_seed_stack_installs_cilium_and_ccm_after_bootstrap_and_kubeconfig():
     assert r.addons.hubble_ui_service is None
 
 
+def test_each_release_waits_as_long_as_its_section_says():
+    default = run(stack())
+    assert {default.one(RELEASE, name).inputs["timeout"] for name in ("cilium", "talos-ccm")} == {600}
+    tuned = run(stack(cilium={"timeoutSeconds": 1800}, ccm={"timeoutSeconds": 120}))
+    assert (tuned.one(RELEASE, "cilium").inputs["timeout"], tuned.one(RELEASE, "talos-ccm").inputs["timeout"]) == (
+        1800, 120)
+    assert tuned.one(RELEASE, "cilium").inputs["cleanupOnFail"] is True
+
+
 def test_hubble_off_removes_only_hubble():
     on, off = run(stack()), run(stack(hubble={"enabled": False}))
     assert on.registered() == off.registered()
