@@ -215,6 +215,26 @@ attempt pulumi-resource-kubernetes source_tool pulumi-resource-kubernetes "$kube
   "pulumi-kubernetes-v$kubernetes_version-provider.tar.gz" provider ./cmd/pulumi-resource-kubernetes \
   "-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version=$kubernetes_version" prepare_kubernetes
 
+# Cilium's LB-IPAM CRDs (what its operator registers at run time; no Cilium runs under kwok), at the
+# chart's release, from the github.com/cilium/cilium module zip the proxy serves.
+cilium_crds() {
+  local out=$cache/cilium-crds-$CILIUM_VERSION dir file
+  if [ ! -f "$out/.complete" ]; then
+    log "cilium CRDs $CILIUM_VERSION: downloading github.com/cilium/cilium (35 MB)"
+    dir=$(cd "$cache" && go mod download -json "github.com/cilium/cilium@$CILIUM_VERSION" |
+      sed -n 's/.*"Dir": "\(.*\)".*/\1/p') || return 1
+    [ -n "$dir" ] || return 1
+    mkdir -p "$out" || return 1
+    for file in $CILIUM_CRD_FILES; do
+      cp "$dir/pkg/k8s/apis/cilium.io/client/crds/$file" "$out/" || return 1
+    done
+    touch "$out/.complete"
+  fi
+  ln -sfn "$out" "$root/.tools/cilium-crds"
+  log "cilium CRDs $CILIUM_VERSION: in .tools/cilium-crds"
+}
+attempt cilium-crds cilium_crds
+
 # Our talos-oracle, once per Talos line (TALOS_ORACLE_MACHINERY_VERSIONS): the real Talos code checks every render.
 attempt talos-oracle bash scripts/build-talos-oracle.sh
 

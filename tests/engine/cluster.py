@@ -13,7 +13,12 @@ kubelets), under the stack's own Kubernetes CA from the bundle the stack adopts:
 Kubeconfig RPC hands out an admin kubeconfig for it (client certificate O=system:masters CN=admin
 issued by that CA, as Talos signs it); each node registers its Node once configured (control planes
 labelled and tainted as Talos's kubelet registers them, with their static pods' mirror pods); the
-Bootstrap RPC makes CoreDNS as Talos's bootstrap manifests do. The charts come from mirrors the test
+Bootstrap RPC makes CoreDNS as Talos's bootstrap manifests do. Two controllers of the charts are played
+too, as no container runs: Cilium's operator registers its LB-IPAM CRDs (Cilium's own CRD files at the
+chart's release, .tools/cilium-crds) once its pod is scheduled, and the CCM's node controller lifts the
+`node.cloudprovider.kubernetes.io/uninitialized` taint, which each node registers with when the stack runs
+an external cloud provider (Talos then starts its kubelet with `--cloud-provider=external`), once a CCM
+pod is Ready. The charts come from mirrors the test
 serves over HTTPS (tests/stand_ins/chart_sources.py): Cilium from a Helm repository whose CA the stack
 names in `cilium.caFile`, the CCM from an OCI registry whose CA the CLI's processes trust through
 SSL_CERT_FILE (the Kubernetes provider's OCI pulls take no CA file: see KubernetesWiring).
@@ -270,6 +275,12 @@ CCM_REPOSITORY = "siderolabs/charts/talos-cloud-controller-manager"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 STATIC_PODS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 REGISTER_TIMEOUT = 120.0  # seconds a node may take from its first apply to answering configured
+UNINITIALIZED_TAINT = "node.cloudprovider.kubernetes.io/uninitialized"  # the kubelet's, with an external cloud provider
+CILIUM_CRDS = kube.TOOLS.parent / "cilium-crds"  # scripts/tools.sh: Cilium's CRD files at the chart's release
+CILIUM_OPERATOR_PODS = "/api/v1/namespaces/kube-system/pods?labelSelector=io.cilium%2Fapp%3Doperator"
+CCM_PODS = ("/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io%2Fname%3D"
+            "talos-cloud-controller-manager")
+CONTROLLER_POLL_SECONDS = 0.25
 
 
 # Talos's CRD for Kubernetes workloads' access to its API (internal/app/machined/pkg/controllers/k8s/
@@ -288,11 +299,26 @@ TALOS_SERVICE_ACCOUNT_CRD = {
                                    "failureReason": {"type": "string"}}}}}}}]}}
 
 
+def external_cloud_provider(config: bytes) -> bool:
+    """Whether a machine config starts the kubelet with `--cloud-provider=external` (so that it registers
+    its Node tainted uninitialized): kubelet extraArgs in v1alpha1 `machine.kubelet` or a KubeletConfig
+    document, or v1alpha1 `cluster.externalCloudProvider.enabled`, which makes Talos pass it."""
+    for document in yaml.safe_load_all(config):
+        if not isinstance(document, dict):
+            continue
+        kubelet = (document.get("machine") or {}).get("kubelet") or {}
+        if document.get("kind") == "KubeletConfig":
+            kubelet = document
+        if (kubelet.get("extraArgs") or {}).get("cloud-provider") == "external":
+            return True
+        if ((document.get("cluster") or {}).get("externalCloudProvider") or {}).get("enabled"):
+            return True
+    return False
+
+
 def talos_api_access(config: bytes) -> bool:
     """Whether a machine config turns on Kubernetes workloads' Talos API access (v1alpha1
     machine.features.kubernetesTalosAPIAccess, or a KubeTalosAPIAccessConfig document)."""
-    import yaml
-
     for document in yaml.safe_load_all(config):
         if not isinstance(document, dict):
             continue
@@ -323,6 +349,9 @@ class KubernetesWiring:
                                               {CILIUM_CHART_FILE: (CHARTS / CILIUM_CHART_FILE).read_bytes()})
         self.oci_registry = OciRegistry(self.registry_ca)
         self.ccm_chart = self.oci_registry.push(CCM_REPOSITORY, (CHARTS / CCM_CHART_FILE).read_bytes())
+        self.cilium_crds_registered = False
+        self.initialized_by_ccm: list[str] = []  # Nodes whose uninitialized taint the played CCM lifted, in order
+        threading.Thread(target=self._play_controllers, daemon=True, name="played-controllers").start()
 
     def admin_kubeconfig(self) -> str:
         """What Talos's Kubeconfig RPC hands out: the cluster's URL and an admin client certificate
@@ -361,16 +390,20 @@ class KubernetesWiring:
                     self.errors.append(f"{node.hostname}: not configured {REGISTER_TIMEOUT:.0f}s after its first apply")
                     return
             try:
-                self.register(node.hostname, control_plane=role == "controlplane")
+                self.register(node.hostname, control_plane=role == "controlplane",
+                              uninitialized=external_cloud_provider(node.config or b""))
             except Exception as exc:  # noqa: BLE001 - reported through `errors`
                 self.errors.append(f"{node.hostname}: {exc}")
 
         threading.Thread(target=wait_then_register, daemon=True, name=f"kubelet-{node.hostname}").start()
 
-    def register(self, name: str, control_plane: bool) -> None:
+    def register(self, name: str, control_plane: bool, uninitialized: bool = False) -> None:
         labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                   **({CONTROL_PLANE_LABEL: ""} if control_plane else {})}
-        spec = {"taints": [{"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}]} if control_plane else {}
+        taints = [{"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}] if control_plane else []
+        if uninitialized:
+            taints.append({"key": UNINITIALIZED_TAINT, "value": "true", "effect": "NoSchedule"})
+        spec = {"taints": taints} if taints else {}
         response = self.kube.request("POST", "/api/v1/nodes", {
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec})
         if response.status_code == 409:  # a node back in a new VM: its kubelet finds its Node
@@ -428,6 +461,61 @@ class KubernetesWiring:
         if response.status_code not in (201, 409):
             self.errors.append(f"coredns: HTTP {response.status_code}: {response.text[:300]}")
 
+    # --- what the charts' controllers do (no container runs) -------------------------------------
+
+    def _play_controllers(self) -> None:
+        while not self._stopped.wait(CONTROLLER_POLL_SECONDS):
+            try:
+                if not self.cilium_crds_registered and self._items(CILIUM_OPERATOR_PODS, scheduled=True):
+                    self._register_cilium_crds()
+                if self._items(CCM_PODS, ready=True):
+                    self._initialize_nodes()
+            except Exception as exc:  # noqa: BLE001 - reported through `errors`
+                self.errors.append(f"played controllers: {exc}")
+                return
+
+    def _items(self, path: str, *, scheduled: bool = False, ready: bool = False) -> list[dict]:
+        response = self.kube.request("GET", path)
+        if response.status_code != 200:
+            raise RuntimeError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
+        return [pod for pod in response.json()["items"]
+                if (not scheduled or pod["spec"].get("nodeName"))
+                and (not ready or any(c["type"] == "Ready" and c["status"] == "True"
+                                      for c in (pod.get("status") or {}).get("conditions") or ()))]
+
+    def _register_cilium_crds(self) -> None:
+        """As Cilium's operator does at its start: its CRDs, served once Established."""
+        names = []
+        for crd_file in sorted(CILIUM_CRDS.glob("*.yaml")):
+            crd = yaml.safe_load(crd_file.read_text())
+            response = self.kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+            if response.status_code not in (201, 409):
+                raise RuntimeError(f"CRD {crd_file.name}: HTTP {response.status_code}: {response.text[:300]}")
+            names.append(crd["metadata"]["name"])
+        if not names:
+            raise RuntimeError(f"no Cilium CRD files in {CILIUM_CRDS}: run `bash scripts/tools.sh`")
+        deadline = time.monotonic() + 30
+        for name in names:
+            while not any(c["type"] == "Established" and c["status"] == "True" for c in (self.kube.request(
+                    "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}").json().get("status")
+                    or {}).get("conditions") or ()):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"CRD {name} not Established after 30s")
+                time.sleep(0.1)
+        self.cilium_crds_registered = True
+
+    def _initialize_nodes(self) -> None:
+        """As the CCM's node controller does: each Node's uninitialized taint lifted."""
+        for node in self.kube.request("GET", "/api/v1/nodes").json()["items"]:
+            taints = (node.get("spec") or {}).get("taints") or []
+            if any(t["key"] == UNINITIALIZED_TAINT for t in taints):
+                kept = [t for t in taints if t["key"] != UNINITIALIZED_TAINT]
+                name = node["metadata"]["name"]
+                response = self.kube.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}})
+                if response.status_code != 200:
+                    raise RuntimeError(f"Node {name}: untaint: HTTP {response.status_code}: {response.text[:300]}")
+                self.initialized_by_ccm.append(name)
+
     def wire(self, cluster: EngineCluster) -> None:
         """Point `cluster`'s nodes at the real control plane: kubeconfigs, registration, bootstrap."""
         cluster.kubernetes = self
@@ -474,6 +562,7 @@ def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file
 def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]:
     missing = kube.missing_binaries() + [name for name in ("pulumi-resource-kubernetes",)
                                          if not os.access(kube.TOOLS / name, os.X_OK)]
+    missing += [] if any(CILIUM_CRDS.glob("*.yaml")) else ["cilium-crds"]
     if missing:
         pytest.fail(f"engine_cluster(kubernetes=True) needs {', '.join(missing)} in .tools/bin: "
                     "run `bash scripts/tools.sh`")
