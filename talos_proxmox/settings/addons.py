@@ -217,7 +217,38 @@ def _check_addons(r: _Reader, raw: Mapping[str, Any], cluster: dict, nodes: list
                 r.fail(f"ccm.nodeIpam.{key}", mask, f"leaves room for {2 ** (mask - net.prefixlen)} node "
                                                     f"range(s) in {net}, fewer than the {len(nodes)} nodes")
     _check_load_balancer(r, cluster, nodes, cilium, hubble)
+    _check_hubble_ui_values(r, cilium)
     control_planes = sum(1 for n in nodes if n.role == "controlplane")
     if ccm.enabled and ccm.replicas and control_planes and ccm.replicas > control_planes:
         r.warn("ccm.replicas", ccm.replicas, f"is more than the {control_planes} control planes the CCM runs on; "
                                              "the extra replicas stay Pending")
+
+
+# The Service types the program knows how to give the Hubble UI's address for (LoadBalancer is a Service of its
+# own, asked for with hubble.uiServiceType).
+_HUBBLE_UI_VALUE_SERVICE_TYPES = ("ClusterIP", "NodePort")
+
+
+def _check_hubble_ui_values(r: _Reader, cilium: CiliumSettings) -> None:
+    """What of `cilium.values` the program reads back to export the Hubble UI's address
+    (cluster_plan.addon_values.hubble_ui_exposure, under `pulumi up`): `hubble`, `hubble.ui` and
+    `hubble.ui.service` mappings (as the chart's values schema has them), a Service type it can address, and an
+    integer nodePort; anything else raised there, after the cluster was made."""
+    if not cilium.enabled or not isinstance(cilium.values, Mapping):
+        return
+    path, node = "cilium.values", cilium.values
+    for key in ("hubble", "ui", "service"):
+        path, node = f"{path}.{key}", node.get(key)
+        if node is None:
+            return
+        if not isinstance(node, Mapping):
+            r.fail(path, node, "is not a mapping (expected Helm values under it, as the Cilium chart has them)")
+            return
+    service_type = node.get("type")
+    if service_type is not None and service_type not in _HUBBLE_UI_VALUE_SERVICE_TYPES:
+        r.fail(f"{path}.type", service_type, "is not a Service type the program can give the Hubble UI's address for "
+                                             "(expected ClusterIP or NodePort; for LoadBalancer set hubble.uiServiceType)")
+    node_port = node.get("nodePort")
+    if node_port is not None and (isinstance(node_port, bool) or not isinstance(node_port, int)
+                                  or not 1 <= node_port <= 65535):
+        r.fail(f"{path}.nodePort", node_port, "is not a port (expected an integer in 1-65535)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from talos_proxmox.settings.model import DEFAULT_TALOS_VERSION, KubeSpan, ROLES
@@ -79,7 +80,12 @@ def _dns_label(v: Any) -> str:
     return v
 
 
+# What udev puts in a device node's or link's name (it escapes anything else as \xNN): no quote, backslash or
+# space, which would end or change the CEL string `disk.dev_path == "<device>"` Talos 1.14 selects disks with.
+_DEVICE = re.compile(r"^/dev/[A-Za-z0-9#+\-.:=@_/]+$")
+
+
 def _device(v: Any) -> str:
-    if not isinstance(v, str) or not v.startswith("/dev/") or len(v) <= 5:
+    if not isinstance(v, str) or not _DEVICE.match(v):
         raise ValueError
     return v

@@ -63,6 +63,25 @@ def _check_boot(r: _Reader, cluster: dict, image: ImageSettings) -> None:
                                                  "Secure Boot state, PCR 7)")
 
 
+def _check_cloud_init(r: _Reader, image: ImageSettings, nodes: list[NodeSettings], raw_nodes: Any) -> None:
+    """With the nocloud image each VM gets a cloud-init drive of its address (components/node.py
+    maintenance_network): Proxmox takes only an IPv4 address and gateway there (`ipconfig0: ip=<IPv4/CIDR>,
+    gw=<IPv4>`), and the Proxmox provider only DNS servers without a zone (Go's net.ParseIP)."""
+    if image.platform != "nocloud":
+        return
+    expected = "which the nocloud image's cloud-init drive cannot carry (expected {}, or image.platform: metal)"
+    for i, node in enumerate(nodes):
+        raw = raw_nodes[i] if isinstance(raw_nodes, list) and i < len(raw_nodes) else {}
+        raw = raw if isinstance(raw, Mapping) else {}
+        if node.ip and ipaddress.ip_address(node.ip).version == 6:
+            r.fail(f"nodes[{i}].ip", raw.get("ip"), "is an IPv6 address, " + expected.format("an IPv4 address"))
+        if any("%" in ns for ns in node.nameservers or ()):
+            key = f"nodes[{i}].nameservers" if raw.get("nameservers") is not None else "network.nameservers"
+            if not any(p.startswith(f"{PROJECT}:{key}: ") for p in r.problems):
+                r.fail(key, list(node.nameservers), "holds an address with a zone, " +
+                       expected.format("addresses without %<zone>"))
+
+
 def _kubernetes_version(r: _Reader, cluster: dict) -> None:
     """Default to what `talosctl gen config` of the Talos line picks; refuse what that line does not support."""
     talos = cluster["talos_version"]
@@ -104,6 +123,37 @@ def _check_subnets(r: _Reader, cluster: dict, network: Optional[NetworkSettings]
             r.fail(key_a, str(net_a), f"overlaps {key_b} {net_b} (expected pod, service and node networks apart)")
 
 
+# kube-apiserver before 1.34 (MultiCIDRServiceAllocator and DisableAllocatorDualWrite both on by default from
+# then) refuses a service subnet of more than 2^20 addresses (cmd/kube-apiserver/app/options/validation.go).
+SERVICE_SUBNET_MAX_HOST_BITS = 20
+UNLIMITED_SERVICE_SUBNETS_FROM = (1, 34)
+
+
+def _check_kubernetes_networks(r: _Reader, cluster: dict) -> None:
+    """Pod and service subnets as Kubernetes reads them again from the flags Talos gives it: at most one subnet
+    per IP family (kube-controller-manager's --cluster-cidr, kube-apiserver's --service-cluster-ip-range; both
+    refuse to start otherwise), and no service subnet larger than the API server of that version allocates from.
+    A key already refused (e.g. overlapping subnets) gets no second line."""
+    for key, attr, component in (("cluster.podSubnets", "pod_subnets", "kube-controller-manager"),
+                                 ("cluster.serviceSubnets", "service_subnets", "kube-apiserver")):
+        if cluster[attr] is None or any(p.startswith(f"{PROJECT}:{key}: ") for p in r.problems):
+            continue
+        subnets = [ipaddress.ip_network(c) for c in cluster[attr]]
+        if len(subnets) > 2 or len({net.version for net in subnets}) < len(subnets):
+            r.fail(key, list(cluster[attr]), f"is not one subnet, or one IPv4 and one IPv6 subnet ({component} "
+                                             "takes at most one per IP family)")
+            continue
+        version = cluster["kubernetes_version"]
+        if attr != "service_subnets" or version is None or \
+                tuple(int(x) for x in version.split(".")[:2]) >= UNLIMITED_SERVICE_SUBNETS_FROM:
+            continue
+        for net in subnets:
+            if net.max_prefixlen - net.prefixlen > SERVICE_SUBNET_MAX_HOST_BITS:
+                r.fail(key, str(net), f"is larger than kube-apiserver {version} allocates Service addresses from "
+                                      f"(expected a prefix of /{net.max_prefixlen - SERVICE_SUBNET_MAX_HOST_BITS} or "
+                                      "longer; Kubernetes 1.34 and later take any size)")
+
+
 def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> Settings:
     """Validate a stack's raw config (top-level keys without the project prefix) into `Settings`.
 
@@ -128,6 +178,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     _check_nodes(r, nodes, all_read=isinstance(raw_nodes, list) and len(nodes) == len(raw_nodes))
     _endpoint_and_vip(r, cluster, nodes, network)
     _check_subnets(r, cluster, network, nodes)
+    _check_kubernetes_networks(r, cluster)
     if cluster["kubespan"].enabled and cluster["kubespan"].mtu is not None and cluster["kubespan"].mtu < 1280:
         r.fail("cluster.kubespan.mtu", cluster["kubespan"].mtu, "is below 1280, the least WireGuard over IPv6 carries")
     cilium = _read_cilium(r, raw.get("cilium"))
@@ -137,6 +188,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
     _check_boot(r, cluster, image)
+    _check_cloud_init(r, image, nodes, raw_nodes)
     if r.problems:
         raise SettingsError(r.problems)
     return Settings(

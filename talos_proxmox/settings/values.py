@@ -175,18 +175,22 @@ def _version(v: Any) -> str:
 
 
 def _talos_version(v: Any) -> str:
-    from talos_proxmox.talos_config.machine_config import SUPPORTED_CONTRACTS
+    """What both later readers take: the machine config's contract (a supported line, no build metadata) and the
+    image layer's tag (`v1.13.7+x` is no installer tag). Their errors are ValueErrors."""
+    from talos_proxmox.image_factory.images import normalize_version
+    from talos_proxmox.talos_config.machine_config import parse_talos_version
 
     v = _version(v)
-    major, minor = (int(x) for x in v.lstrip("v").split(".")[:2])
-    if (major, minor) not in SUPPORTED_CONTRACTS:
-        raise ValueError
-    return v if v.startswith("v") else f"v{v}"
+    parse_talos_version(v)
+    return normalize_version(v)
 
 
 def _kubernetes_version_value(v: Any) -> str:
-    """Without a leading "v", as talosctl takes it: v1.31.0 and 1.31.0 are one version, not a change."""
-    return _version(v).removeprefix("v")
+    """Without a leading "v", as talosctl takes it: v1.31.0 and 1.31.0 are one version, not a change. As the
+    machine config reads it (no build metadata: `1.35.0+k3s1` names no kubelet image); its error is a ValueError."""
+    from talos_proxmox.talos_config.machine_config import _kubernetes_version
+
+    return _kubernetes_version(_version(v))
 
 
 def _mapping(v: Any) -> dict:
@@ -205,9 +209,16 @@ def _url_text(v: Any) -> str:
 
 
 def _endpoint(v: Any) -> str:
+    """https://host:port as Talos parses it (Go's url.Parse, then siderolabs/net ValidateEndpointURI): a port in
+    1-65535, and a host that is an IP address (IPv6 in brackets, no zone) or a DNS name, which Go's parser and the
+    API server certificate's SANs take."""
     parts = urlsplit(_url_text(v))
-    if parts.scheme != "https" or not parts.hostname or parts.port is None:
+    if parts.scheme != "https" or not parts.hostname or parts.port is None or parts.port == 0:
         raise ValueError
+    if not is_dns_name(parts.hostname):
+        if "%" in parts.hostname:
+            raise ValueError
+        ipaddress.ip_address(parts.hostname)
     return v
 
 

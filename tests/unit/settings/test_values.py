@@ -34,8 +34,8 @@ ACCEPTED = [
     ({"cluster": {"domain": LONGEST_DNS_NAME}}, lambda s: s.cluster.domain, LONGEST_DNS_NAME),
     ({"image": {"factoryUrl": "https://factory.lab.example/"}}, lambda s: s.image.factory_url,
      "https://factory.lab.example"),
-    ({"image": {"factoryUrl": "http://10.0.0.5:8080/mirror-X//"}}, lambda s: s.image.factory_url,
-     "http://10.0.0.5:8080/mirror-X"),
+    ({"image": {"factoryUrl": "http://10.0.0.5:8080/mirror-x//"}}, lambda s: s.image.factory_url,
+     "http://10.0.0.5:8080/mirror-x"),
     ({"network": {"mtu": 65535}}, lambda s: (s.network.mtu, s.nodes[0].mtu), (65535, 65535)),
     ({"network": {"mtu": 68}}, lambda s: s.network.mtu, 68),
     ({"ccm": {"replicas": 1}}, lambda s: s.ccm.replicas, 1),
@@ -105,6 +105,181 @@ def test_a_value_just_past_the_edge_is_one_line(sections, line):
     with pytest.raises(SettingsError) as err:
         load_settings(dev(**sections))
     assert err.value.problems == [line]
+
+
+# ---------------------------------------------------------------- values a later layer parses again (issue 39)
+# Each of these loaded before, and a later layer refused it: a traceback under `pulumi up` (or in load_stack's own
+# machine-config preflight), or Talos, Proxmox or Kubernetes refusing half-way through the first up. `later`, where
+# it is Python, is that layer refusing the value; the rest name the refusal (Talos's as `.tools/bin/talos-oracle-v1.NN
+# validate` prints it).
+
+FACTORY_EXPECTED = ("does not name a container registry the installer image can be pulled from (expected a host with "
+                    "a '.' or a port, and a lowercase path, e.g. https://factory.talos.dev)")
+ENDPOINT_EXPECTED = "is not an endpoint with scheme, host and port (expected e.g. https://10.0.0.10:6443)"
+TALOS_VERSION_EXPECTED = "is not a supported Talos version (expected v1.12.x, v1.13.x or v1.14.x, e.g. v1.13.7)"
+NOCLOUD_EXPECTED = "which the nocloud image's cloud-init drive cannot carry (expected {}, or image.platform: metal)"
+HUBBLE_VALUES_EXPECTED = "is not a mapping (expected Helm values under it, as the Cilium chart has them)"
+
+
+def _refused_by_the_image_layer():
+    from talos_proxmox.image_factory.images import SchematicError, installer_image
+
+    with pytest.raises(SchematicError):  # the installer tag and ISO path (config_preflight computes both)
+        installer_image("https://factory.talos.dev", "0" * 64, "v1.13.7+build.1")
+
+
+def _refused_by_the_machine_config():
+    from talos_proxmox.cluster_plan.config_preflight import _placeholder_bundle
+    from talos_proxmox.talos_config.machine_config import MachineConfigError, default_documents
+
+    with pytest.raises(MachineConfigError):  # load_stack's preflight renders every node from these
+        default_documents(_placeholder_bundle("v1.13.7"), "dev", "https://10.10.0.50:6443", "worker", "v1.13.7",
+                          "1.35.0+k3s1")
+
+
+def _refused_by_the_schematic_registration():
+    import http.client
+
+    from talos_proxmox.image_factory.images import register_schematic
+
+    with pytest.raises(http.client.InvalidURL):  # not a FactoryError: a traceback from the Schematic resource
+        register_schematic("https://factory.lab:abc", {"customization": {}}, timeout=1)
+
+
+def _installer(factory_url: str) -> str:
+    from talos_proxmox.image_factory.images import installer_image
+
+    return installer_image(factory_url, "0" * 64, "v1.13.7").rsplit("/", 2)[0]
+
+
+def _hubble_exposure_fails(values: dict, error: type):
+    """Without the settings' check: the values reach addon_values, which the Cilium component calls under `pulumi up`."""
+    import dataclasses
+
+    from talos_proxmox.cluster_plan.addon_values import cilium_values, hubble_ui_address, hubble_ui_exposure
+
+    def later():
+        settings = load_settings(dev())
+        settings = dataclasses.replace(settings, cilium=dataclasses.replace(settings.cilium, values=values))
+        with pytest.raises(error):
+            hubble_ui_address(settings, hubble_ui_exposure(cilium_values(settings)))
+    return later
+
+
+REFUSED_LATER = [
+    # (sections, the line at load, the later layer refusing it, or None where that layer is not Python)
+    ({"cluster": {"talosVersion": "v1.13.7+build.1"}},
+     f"talos-proxmox:cluster.talosVersion: 'v1.13.7+build.1' {TALOS_VERSION_EXPECTED}", _refused_by_the_image_layer),
+    ({"cluster": {"kubernetesVersion": "1.35.0+k3s1"}},
+     "talos-proxmox:cluster.kubernetesVersion: '1.35.0+k3s1' is not a Kubernetes version (expected e.g. 1.35.0)",
+     _refused_by_the_machine_config),
+    # Talos: "invalid controlplane endpoint: port number must be between 1 and 65535".
+    ({"cluster": {"endpoint": "https://10.10.0.50:0"}},
+     f"talos-proxmox:cluster.endpoint: 'https://10.10.0.50:0' {ENDPOINT_EXPECTED}", None),
+    # Talos (Go's url.Parse, decoding the config): 'invalid character "{" in host name'.
+    ({"cluster": {"endpoint": "https://k8s{1}.lab:6443"}},
+     f"talos-proxmox:cluster.endpoint: 'https://k8s{{1}}.lab:6443' {ENDPOINT_EXPECTED}", None),
+    # Talos 1.14 selects the disk with the CEL `disk.dev_path == "<device>"`: "Syntax error: extraneous input".
+    ({"cluster": {"talosVersion": "v1.14.1", "installDisk": '/dev/sd"a'}},
+     "talos-proxmox:cluster.installDisk: '/dev/sd\"a' is not a device path (expected /dev/...)", None),
+    ({"cluster": {"installDisk": "/dev/disk/by-label/talos disk"}},
+     "talos-proxmox:cluster.installDisk: '/dev/disk/by-label/talos disk' is not a device path (expected /dev/...)", None),
+    ({"cluster": {"talosVersion": "v1.14.1"}, "nodes": {1: {"dataDisk": {"size": 30, "device": '/dev/s"b'}}}},
+     "talos-proxmox:nodes[1].dataDisk.device: '/dev/s\"b' is not a device path (expected /dev/...)", None),
+    # kube-controller-manager (--cluster-cidr) and kube-apiserver (--service-cluster-ip-range) refuse to start.
+    ({"cluster": {"podSubnets": ["10.244.0.0/16", "10.245.0.0/16"]}},
+     "talos-proxmox:cluster.podSubnets: ['10.244.0.0/16', '10.245.0.0/16'] is not one subnet, or one IPv4 and one IPv6 "
+     "subnet (kube-controller-manager takes at most one per IP family)", None),
+    ({"cluster": {"serviceSubnets": ["10.96.0.0/12", "fd00:96::/112", "fd00:97::/112"]}},
+     "talos-proxmox:cluster.serviceSubnets: ['10.96.0.0/12', 'fd00:96::/112', 'fd00:97::/112'] is not one subnet, or "
+     "one IPv4 and one IPv6 subnet (kube-apiserver takes at most one per IP family)", None),
+    # kube-apiserver 1.33: "specified --service-cluster-ip-range is too large; for 32-bit addresses, the mask must be >= 12".
+    ({"cluster": {"kubernetesVersion": "1.33.4", "serviceSubnets": ["10.96.0.0/11"]}},
+     "talos-proxmox:cluster.serviceSubnets: '10.96.0.0/11' is larger than kube-apiserver 1.33.4 allocates Service "
+     "addresses from (expected a prefix of /12 or longer; Kubernetes 1.34 and later take any size)", None),
+    ({"image": {"factoryUrl": "https://factory.lab:abc"}},
+     f"talos-proxmox:image.factoryUrl: 'https://factory.lab:abc' {URL_EXPECTED}", _refused_by_the_schematic_registration),
+    ({"image": {"factoryUrl": "https://factory.lab:0"}},
+     f"talos-proxmox:image.factoryUrl: 'https://factory.lab:0' {URL_EXPECTED}", None),
+    # containerd, pulling the installer: "repository name must be lowercase"; a host with no '.' or port is a
+    # Docker Hub path (docker.io/factory/installer); '_' is no domain name.
+    ({"image": {"factoryUrl": "http://10.0.0.5:8080/mirror-X"}},
+     f"talos-proxmox:image.factoryUrl: 'http://10.0.0.5:8080/mirror-X' {FACTORY_EXPECTED}",
+     lambda: _installer("http://10.0.0.5:8080/mirror-X") == "10.0.0.5:8080/mirror-X"),
+    ({"image": {"factoryUrl": "https://factory"}}, f"talos-proxmox:image.factoryUrl: 'https://factory' {FACTORY_EXPECTED}",
+     lambda: _installer("https://factory") == "factory"),
+    ({"image": {"factoryUrl": "https://image_factory.lab"}},
+     f"talos-proxmox:image.factoryUrl: 'https://image_factory.lab' {FACTORY_EXPECTED}", None),
+    # Proxmox: `ipconfig0: ip=` takes IPv4 only; the provider's DNS servers are Go's net.ParseIP, which has no zones.
+    ({"image": {"platform": "nocloud"}, "cluster": {"vip": None},
+      "nodes": {1: {"ip": "fd00:10::52/64", "gateway": "fd00:10::1"}}},
+     "talos-proxmox:nodes[1].ip: 'fd00:10::52/64' is an IPv6 address, " + NOCLOUD_EXPECTED.format("an IPv4 address"),
+     None),
+    ({"image": {"platform": "nocloud"}, "network": {"nameservers": ["fe80::1%eth0"]}},
+     "talos-proxmox:network.nameservers: ['fe80::1%eth0'] holds an address with a zone, "
+     + NOCLOUD_EXPECTED.format("addresses without %<zone>"), None),
+    ({"image": {"platform": "nocloud"}, "nodes": {1: {"nameservers": ["fe80::1%eth0"]}}},
+     "talos-proxmox:nodes[1].nameservers: ['fe80::1%eth0'] holds an address with a zone, "
+     + NOCLOUD_EXPECTED.format("addresses without %<zone>"), None),
+    # What the Cilium component reads back of the values to export the Hubble UI's address.
+    ({"cilium": {"values": {"hubble": True}}}, f"talos-proxmox:cilium.values.hubble: True {HUBBLE_VALUES_EXPECTED}",
+     _hubble_exposure_fails({"hubble": True}, AttributeError)),
+    ({"cilium": {"values": {"hubble": {"ui": {"service": "NodePort"}}}}},
+     f"talos-proxmox:cilium.values.hubble.ui.service: 'NodePort' {HUBBLE_VALUES_EXPECTED}",
+     _hubble_exposure_fails({"hubble": {"ui": {"service": "NodePort"}}}, AttributeError)),
+    ({"cilium": {"values": {"hubble": {"ui": {"service": {"type": "LoadBalancer"}}}}}},
+     "talos-proxmox:cilium.values.hubble.ui.service.type: 'LoadBalancer' is not a Service type the program can give "
+     "the Hubble UI's address for (expected ClusterIP or NodePort; for LoadBalancer set hubble.uiServiceType)",
+     _hubble_exposure_fails({"hubble": {"ui": {"service": {"type": "LoadBalancer"}}}}, ValueError)),
+    ({"cilium": {"values": {"hubble": {"ui": {"service": {"type": "NodePort", "nodePort": "http"}}}}}},
+     "talos-proxmox:cilium.values.hubble.ui.service.nodePort: 'http' is not a port (expected an integer in 1-65535)",
+     _hubble_exposure_fails({"hubble": {"ui": {"service": {"type": "NodePort", "nodePort": "http"}}}}, ValueError)),
+]
+
+
+@pytest.mark.parametrize("sections, line, later", REFUSED_LATER, ids=[case_id(s) for s, _, _ in REFUSED_LATER])
+def test_a_value_a_later_layer_would_refuse_is_refused_at_load(sections, line, later):
+    with pytest.raises(SettingsError) as err:
+        load_settings(dev(**sections))
+    assert err.value.problems == [line]
+    if later is not None:
+        assert later() in (None, True)
+
+
+ACCEPTED_LATER = [
+    # (sections, what the settings hold, expected): the edges the checks above leave open
+    ({"cluster": {"endpoint": "https://K8s-API.lab.example:443"}}, lambda s: s.cluster.endpoint,
+     "https://K8s-API.lab.example:443"),
+    ({"cluster": {"endpoint": "https://[fd00:10::50]:65535"}}, lambda s: s.cluster.endpoint, "https://[fd00:10::50]:65535"),
+    ({"cluster": {"talosVersion": "1.14.0-beta.1"}}, lambda s: s.cluster.talos_version, "v1.14.0-beta.1"),
+    ({"cluster": {"kubernetesVersion": "v1.35.0-rc.1"}}, lambda s: s.cluster.kubernetes_version, "1.35.0-rc.1"),
+    ({"cluster": {"talosVersion": "v1.14.1",
+                  "installDisk": "/dev/disk/by-path/pci-0000:00:05.0-scsi-0:0:0:0"}},
+     lambda s: s.cluster.install_disk, "/dev/disk/by-path/pci-0000:00:05.0-scsi-0:0:0:0"),
+    ({"cluster": {"podSubnets": ["10.244.0.0/16", "fd00:10:244::/56"],
+                  "serviceSubnets": ["fd00:10:96::/112", "10.96.0.0/12"]}},
+     lambda s: (s.cluster.pod_subnets, s.cluster.service_subnets),
+     (("10.244.0.0/16", "fd00:10:244::/56"), ("fd00:10:96::/112", "10.96.0.0/12"))),
+    ({"cluster": {"kubernetesVersion": "1.33.4", "serviceSubnets": ["10.96.0.0/12"]}},
+     lambda s: s.cluster.service_subnets, ("10.96.0.0/12",)),
+    ({"cluster": {"kubernetesVersion": "1.34.0", "serviceSubnets": ["10.64.0.0/10"]}},
+     lambda s: s.cluster.service_subnets, ("10.64.0.0/10",)),
+    ({"image": {"factoryUrl": "http://factory:8080/mirror/v-1"}}, lambda s: s.image.factory_url,
+     "http://factory:8080/mirror/v-1"),
+    ({"image": {"factoryUrl": "http://localhost"}}, lambda s: s.image.factory_url, "http://localhost"),
+    ({"image": {"factoryUrl": "https://[fd00::5]:8443"}}, lambda s: s.image.factory_url, "https://[fd00::5]:8443"),
+    ({"image": {"platform": "nocloud"}, "network": {"nameservers": ["1.1.1.1", "2606:4700:4700::1111"]}},
+     lambda s: s.nodes[0].nameservers, ("1.1.1.1", "2606:4700:4700::1111")),
+    ({"network": {"nameservers": ["fe80::1%net0"]}}, lambda s: s.network.nameservers, ("fe80::1%net0",)),  # metal
+    ({"cilium": {"values": {"hubble": {"ui": {"service": {"type": "NodePort", "nodePort": 30080}}}}}},
+     lambda s: s.cilium.values["hubble"]["ui"]["service"]["nodePort"], 30080),
+    ({"cilium": {"enabled": False, "values": {"hubble": True}}}, lambda s: s.cilium.values, {"hubble": True}),
+]
+
+
+@pytest.mark.parametrize("sections, held, expected", ACCEPTED_LATER, ids=[case_id(s) for s, _, _ in ACCEPTED_LATER])
+def test_a_value_every_later_layer_takes_loads_as(sections, held, expected):
+    assert held(load_settings(dev(**sections))) == expected
 
 
 def test_the_error_lists_every_line_under_one_heading():
