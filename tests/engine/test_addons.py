@@ -9,6 +9,11 @@ with CAs of its own: Cilium's from a Helm repository (`cilium.repository`, `cili
 from an OCI registry (`ccm.chart: oci://...`). What is asserted is what the API server holds: Helm's
 release Secrets, the workloads the charts made, the Node objects, and the CLI's own output.
 
+The ups, in order: the first; Cilium's values changed; an LB-IPAM pool (`cilium.loadBalancerAddresses`),
+whose pool and L2 policy the API server validates against Cilium's own CRDs; a Talos upgrade whose
+worker drain a PodDisruptionBudget blocks through the real Eviction API (the up stops naming the node and
+the pod); the same up once the budget is gone; the worker removed; CoreDNS down.
+
 No container runs (kwok marks pods Running and Ready): what this shows is that the releases install and
 upgrade, that Helm's wait and the health wait are satisfied by a cluster in the state a healthy one
 reports, not that Cilium or the CCM work.
@@ -28,7 +33,10 @@ pytestmark = pytest.mark.engine
 
 NODES = [("addons-cp-1", "controlplane", "127.0.0.72"), ("addons-cp-2", "controlplane", "127.0.0.73"),
          ("addons-cp-3", "controlplane", "127.0.0.74"), ("addons-worker-1", "worker", "127.0.0.75")]
-TALOS = "v1.13.7"
+TALOS, UPGRADE = "v1.13.7", "v1.13.8"
+POOL = ["127.0.0.240/30"]
+DRAIN_TIMEOUT = 45  # lifecycle.timeoutSeconds while the budget blocks the worker's drain
+APP = {"engine-test": "blocked-drain"}  # the labels of the workload the budget protects
 HEALTH = {"wait": True, "timeoutSeconds": 300}
 SHORT_TIMEOUT = 20  # seconds the health wait is given once CoreDNS is gone
 CILIUM_VALUES = {"operator": {"replicas": 1}}
@@ -43,6 +51,12 @@ class Deployment:
     changed: EngineUp
     changed_seconds: float
     after_change: dict  # as after_first, right after the values change
+    pooled: EngineUp
+    pool_objects: dict  # {kind: the object the API server holds}
+    blocked: EngineUp
+    after_blocked: dict  # drain_state(), and the protected pod ("pods before") as it was before that up
+    unblocked: EngineUp
+    after_unblocked: dict
     removed: EngineUp
     nodes_after_removal: list[str]
     unhealthy: EngineUp
@@ -50,11 +64,15 @@ class Deployment:
     project: PulumiProject
 
 
-def stack_config(cluster: EngineCluster, secrets_file, cilium_values: dict, nodes=NODES, health=HEALTH) -> dict:
-    config = engine_stack(cluster, nodes, TALOS, secrets_file, health=health)
+def stack_config(cluster: EngineCluster, secrets_file, cilium_values: dict, nodes=NODES, health=HEALTH,
+                 talos=TALOS, pool=False) -> dict:
+    config = engine_stack(cluster, nodes, talos, secrets_file, health=health)
     config.update(cluster.kubernetes.stack_settings())
     config["cilium"]["values"] = cilium_values
     config["ccm"]["replicas"] = 1
+    if pool:
+        config["cilium"]["loadBalancerAddresses"] = POOL
+    config["lifecycle"]["timeoutSeconds"] = DRAIN_TIMEOUT
     return config
 
 
@@ -84,9 +102,26 @@ def deployment(tmp_path_factory):
                          tmp / "render-changed")
         changed_seconds = time.monotonic() - started
         after_change = snapshot(cluster)
+        secrets = tmp / "secrets.yaml"
+        pooled = deploy(cluster, project, stack_config(cluster, secrets, CHANGED_CILIUM_VALUES, pool=True),
+                        tmp / "render-pooled")
+        pool_objects = {kind: _get(cluster, path) for kind, path in pool_paths(pooled.config).items()}
+        protect_a_pod_on(cluster, "addons-worker-1")
+        protected_before = drain_state(cluster)["pods"]
+        started = time.monotonic()
+        blocked = cluster.deploy(project, stack_config(cluster, secrets, CHANGED_CILIUM_VALUES, talos=UPGRADE, pool=True),
+                                 tmp / "render-blocked", fails=True)
+        blocked_seconds = time.monotonic() - started
+        after_blocked = {**drain_state(cluster), "pods before": protected_before}
+        lifted = cluster.kubernetes.kube.request("DELETE", "/apis/policy/v1/namespaces/default/poddisruptionbudgets/app")
+        assert lifted.status_code == 200, lifted.text[:300]
+        unblocked = deploy(cluster, project, stack_config(cluster, secrets, CHANGED_CILIUM_VALUES, talos=UPGRADE,
+                                                          pool=True), tmp / "render-unblocked")
+        after_unblocked = drain_state(cluster)
         started = time.monotonic()
         removed = deploy(cluster, project, stack_config(cluster, tmp / "secrets.yaml", CHANGED_CILIUM_VALUES,
-                                                         nodes=NODES[:3]), tmp / "render-removed")
+                                                         nodes=NODES[:3], talos=UPGRADE, pool=True),
+                         tmp / "render-removed")
         removed_seconds = time.monotonic() - started
         nodes_after_removal = node_names(cluster)
         # CoreDNS down to no replicas, then a change the health wait waits again for, with a short timeout.
@@ -95,14 +130,55 @@ def deployment(tmp_path_factory):
         assert scaled.status_code == 200, scaled.text[:300]
         started = time.monotonic()
         unhealthy = cluster.deploy(project, stack_config(cluster, tmp / "secrets.yaml", CILIUM_VALUES, nodes=NODES[:3],
-                                                         health={"wait": True, "timeoutSeconds": SHORT_TIMEOUT}),
+                                                         health={"wait": True, "timeoutSeconds": SHORT_TIMEOUT},
+                                                         talos=UPGRADE, pool=True),
                                    tmp / "render-unhealthy", fails=True)
         unhealthy_seconds = time.monotonic() - started
         print(f"\nfirst up (with preview) {first_seconds:.1f}s, cilium values changed {changed_seconds:.1f}s, "
-              f"worker removed {removed_seconds:.1f}s, CoreDNS down {unhealthy_seconds:.1f}s")
-        yield Deployment(first, first_seconds, after_first, changed, changed_seconds, after_change, removed,
+              f"drain blocked {blocked_seconds:.1f}s, worker removed {removed_seconds:.1f}s, "
+              f"CoreDNS down {unhealthy_seconds:.1f}s")
+        yield Deployment(first, first_seconds, after_first, changed, changed_seconds, after_change, pooled,
+                         pool_objects, blocked, after_blocked, unblocked, after_unblocked, removed,
                          nodes_after_removal,
                          unhealthy, cluster, project)
+
+
+def pool_paths(config: dict) -> dict[str, str]:
+    name = config["cluster"]["name"]
+    return {"CiliumLoadBalancerIPPool": f"/apis/cilium.io/v2/ciliumloadbalancerippools/{name}",
+            "CiliumL2AnnouncementPolicy": f"/apis/cilium.io/v2alpha1/ciliuml2announcementpolicies/{name}"}
+
+
+def protect_a_pod_on(cluster: EngineCluster, node: str) -> None:
+    """One pod of a Deployment on `node`, and a PodDisruptionBudget that lets none of its pods go."""
+    kube = cluster.kubernetes.kube
+    made = kube.request("POST", "/apis/apps/v1/namespaces/default/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": APP},
+                 "template": {"metadata": {"labels": APP}, "spec": {
+                     "nodeSelector": {"kubernetes.io/hostname": node},
+                     "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}}}})
+    assert made.status_code == 201, made.text[:300]
+    budget = kube.request("POST", "/apis/policy/v1/namespaces/default/poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "app"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": APP}}})
+    assert budget.status_code == 201, budget.text[:300]
+    deadline = time.monotonic() + 60
+    while not (protected_pods(cluster) and _get(cluster, "/apis/policy/v1/namespaces/default/poddisruptionbudgets/app")
+               .get("status", {}).get("currentHealthy") == 1):
+        assert time.monotonic() < deadline, "the protected pod did not run, or its budget did not count it, in 60s"
+        time.sleep(0.5)
+
+
+def protected_pods(cluster: EngineCluster) -> list[dict]:
+    pods = _get(cluster, "/api/v1/namespaces/default/pods?labelSelector=engine-test%3Dblocked-drain")["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running"]
+
+
+def drain_state(cluster: EngineCluster) -> dict:
+    return {"pods": [(p["metadata"]["uid"], p["spec"]["nodeName"]) for p in protected_pods(cluster)],
+            "worker": _get(cluster, "/api/v1/nodes/addons-worker-1"),
+            "versions": {name: fake.version_tag for name, fake in cluster.nodes.items()}}
 
 
 def release_secrets(cluster: EngineCluster, release: str) -> dict[str, str]:
@@ -190,6 +266,39 @@ def test_a_values_change_upgrades_cilium_in_place(deployment):
     assert operator["spec"]["template"]["metadata"]["labels"].get("engine-test") == "changed"
     # A new release revision is worth waiting for again.
     assert steps["health"] == "update", steps
+
+
+def test_the_load_balancer_pool_and_l2_policy_are_accepted_under_cilium_s_crds(deployment):
+    steps = deployment.pooled.up.steps()
+    assert {steps["cilium-CiliumLoadBalancerIPPool"], steps["cilium-CiliumL2AnnouncementPolicy"]} == {"create"}, steps
+    assert steps["cilium"] == "update", steps  # l2announcements on
+    assert deployment.cluster.kubernetes.cilium_crds_registered
+    pool = deployment.pool_objects["CiliumLoadBalancerIPPool"]
+    assert pool["spec"]["blocks"] == [{"cidr": POOL[0]}]
+    policy = deployment.pool_objects["CiliumL2AnnouncementPolicy"]
+    assert (policy["spec"]["loadBalancerIPs"], policy["spec"]["externalIPs"]) == (True, True)
+
+
+def test_a_disruption_budget_blocks_the_worker_s_drain_and_the_up_stops_naming_it(deployment):
+    up, seen = deployment.blocked, deployment.after_blocked
+    assert up.up.returncode != 0 and not up.stopped_in_preview
+    assert "node addons-worker-1: not drained after" in up.error, up.error[-3000:]
+    assert "(eviction refused by a disruption budget)" in up.error, up.error[-3000:]
+    # The control planes were upgraded first; the worker kept its version, its pod, and is not left cordoned.
+    assert seen["versions"] == {"addons-cp-1": UPGRADE, "addons-cp-2": UPGRADE, "addons-cp-3": UPGRADE,
+                                "addons-worker-1": TALOS}
+    assert seen["pods"] == seen["pods before"] and seen["pods"][0][1] == "addons-worker-1"
+    assert not seen["worker"]["spec"].get("unschedulable")
+
+
+def test_once_the_budget_is_gone_the_next_up_drains_the_worker_and_finishes(deployment):
+    seen = deployment.after_unblocked
+    assert set(seen["versions"].values()) == {UPGRADE}
+    # Evicted: the protected pod is a new one (its Deployment's), back on the worker once uncordoned.
+    [(uid, node)] = seen["pods"]
+    assert uid != deployment.after_blocked["pods before"][0][0] and node == "addons-worker-1"
+    assert not seen["worker"]["spec"].get("unschedulable")
+    assert not deployment.unblocked.up.diagnostics("error")
 
 
 def test_a_removed_worker_s_node_object_is_deleted(deployment):
