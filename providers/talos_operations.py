@@ -15,7 +15,8 @@ would hold one of them for minutes and nine nodes would install in three waves.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import datetime
+from typing import Any, Mapping, Optional
 
 import pulumi
 import pulumi.dynamic as dynamic
@@ -26,6 +27,8 @@ from talos_proxmox.day_two import drift, rolling
 from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
+from talos_proxmox.talos_api.kubeconfig import client_certificate_expires
+from talos_proxmox.talos_config import client_config
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
 
@@ -291,10 +294,12 @@ class KubeconfigProvider(_TalosNodeProvider):
     def _fetch(self, props: dict[str, Any]) -> dict[str, Any]:
         kubeconfig = operations.fetch_kubeconfig(props["node"], props["talosconfig"],
                                                  endpoint=props.get("endpoint"), timeout=_timeout(props))
+        expires = client_certificate_expires(kubeconfig)
         return {"node": props["node"], "endpoint": props.get("endpoint"),
                 "timeout_seconds": props.get("timeout_seconds"),
                 "talosconfig_sha256": operations.config_sha256(props["talosconfig"]),
-                "credentials_sha256": operations.credentials_sha256(props["talosconfig"]), "kubeconfig": kubeconfig}
+                "credentials_sha256": operations.credentials_sha256(props["talosconfig"]), "kubeconfig": kubeconfig,
+                "expires": expires.isoformat() if expires else None}
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         return dynamic.CreateResult(id_=f"kubeconfig-{props['node']}", outs=self._fetch(props))
@@ -306,6 +311,8 @@ class KubeconfigProvider(_TalosNodeProvider):
         # updates; that update keeps a usable certificate, so unknown counts as unchanged.
         if olds.get("node") != news.get("node") or olds.get("endpoint") != news.get("endpoint"):
             return True
+        if _kubeconfig_renewal_due(olds):
+            return True  # Talos signs a fresh certificate with each kubeconfig it hands out
         if has_unknowns(news["talosconfig"]):
             return False
         if olds.get("credentials_sha256"):
@@ -322,17 +329,41 @@ class KubeconfigProvider(_TalosNodeProvider):
         return dynamic.UpdateResult(outs={**_state(olds), "timeout_seconds": news.get("timeout_seconds")})
 
 
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        """Refresh: a warning when the kubeconfig's client certificate is due for renewal (the next up renews it)."""
+        expires = _kubeconfig_expires(props)
+        if expires and client_config.renewal_due(expires):
+            note("refresh", client_config.expiry_warning("the kubeconfig's client certificate", expires) +
+                 ": the next `pulumi up` fetches a new one from a control plane, and `pulumi stack output "
+                 "kubeconfig` gives it")
+        return dynamic.ReadResult(id_=id_, outs=props)
+
+
+def _kubeconfig_expires(state: Mapping[str, Any]) -> Optional[datetime.datetime]:
+    if state.get("expires"):
+        return datetime.datetime.fromisoformat(state["expires"])
+    kubeconfig = state.get("kubeconfig")  # state written before `expires` was
+    return client_certificate_expires(kubeconfig) if isinstance(kubeconfig, str) else None
+
+
+def _kubeconfig_renewal_due(state: Mapping[str, Any]) -> bool:
+    expires = _kubeconfig_expires(state)
+    return expires is not None and client_config.renewal_due(expires)
+
+
 class Kubeconfig(dynamic.Resource):
-    """The cluster's admin kubeconfig from a control plane node (a secret output)."""
+    """The cluster's admin kubeconfig from a control plane node (a secret output), fetched again when its
+    client certificate is within client_config.DEFAULT_RENEW_BEFORE_DAYS of expiring (`expires`)."""
 
     node: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
+    expires: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, *, node: pulumi.Input[str], talosconfig: pulumi.Input[str],
                  endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
                  "talosconfig": pulumi.Output.secret(talosconfig), "talosconfig_sha256": None,
-                 "credentials_sha256": None, "kubeconfig": None}
+                 "credentials_sha256": None, "kubeconfig": None, "expires": None}
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["kubeconfig"]))
         super().__init__(KubeconfigProvider(), name, props, opts)

@@ -18,7 +18,7 @@ from providers import check_result, has_unknowns
 from talos_proxmox.day_two.progress import note
 from talos_proxmox.talos_config import client_config, pki, secrets_bundle
 
-DEFAULT_RENEW_BEFORE_DAYS = 30
+DEFAULT_RENEW_BEFORE_DAYS = client_config.DEFAULT_RENEW_BEFORE_DAYS
 
 TALOSCONFIG_INPUTS = ("secrets", "context", "endpoints", "nodes", "renew_before_days")
 
@@ -33,9 +33,8 @@ def _certificate_usable(props: Mapping[str, Any], olds: Mapping[str, Any]) -> bo
         pki.verify_issued_by(cert.encode(), os_ca)
     except (pki.PKIError, secrets_bundle.SecretsBundleError):
         return False
-    renew_before = datetime.timedelta(days=float(props.get("renew_before_days") or DEFAULT_RENEW_BEFORE_DAYS))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    return client_config.certificate_expires(cert.encode()) - renew_before > now
+    return not client_config.renewal_due(client_config.certificate_expires(cert.encode()),
+                                         props.get("renew_before_days") or DEFAULT_RENEW_BEFORE_DAYS)
 
 
 def talosconfig_outputs(props: Mapping[str, Any], olds: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,14 +89,10 @@ class TalosconfigProvider(dynamic.ResourceProvider):
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         """Refresh: a warning when the client certificate is due for renewal (the next up renews it)."""
-        expires = props.get("expires")
-        if expires:
-            left = datetime.datetime.fromisoformat(expires) - datetime.datetime.now(datetime.timezone.utc)
-            renew_before = datetime.timedelta(days=float(props.get("renew_before_days") or DEFAULT_RENEW_BEFORE_DAYS))
-            if left <= renew_before:
-                note("refresh", f"the talosconfig's client certificate expires {expires} ({max(left.days, 0)} days "
-                                f"left): the next `pulumi up` issues a new one, and `pulumi stack output talosconfig` "
-                                f"gives it")
+        expires = datetime.datetime.fromisoformat(props["expires"]) if props.get("expires") else None
+        if expires and client_config.renewal_due(expires, props.get("renew_before_days") or DEFAULT_RENEW_BEFORE_DAYS):
+            note("refresh", client_config.expiry_warning("the talosconfig's client certificate", expires) +
+                 ": the next `pulumi up` issues a new one, and `pulumi stack output talosconfig` gives it")
         return dynamic.ReadResult(id_=id_, outs=props)
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:

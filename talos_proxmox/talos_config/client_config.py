@@ -14,7 +14,7 @@ and then build the file with `talosconfig_with_certificate`.
 from __future__ import annotations
 
 import datetime
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 from talos_proxmox.talos_config import go_yaml, pki
 from talos_proxmox.talos_config.secrets_bundle import SecretsBundleError, ca_pair
@@ -90,3 +90,23 @@ def talosconfig(secrets: Mapping, context: str, endpoints: Sequence[str], nodes:
 def certificate_expires(cert_pem: bytes | str) -> datetime.datetime:
     """When a client certificate stops being valid (UTC)."""
     return pki.load_cert(cert_pem).not_valid_after_utc
+
+
+# Renew a client certificate this long before it expires: an expired one locks the program out of the
+# cluster, and a renewal needs a working one (Talos) or the CA in the state (talosconfig).
+DEFAULT_RENEW_BEFORE_DAYS = 30
+
+
+def renewal_due(expires: datetime.datetime, renew_before_days: float = DEFAULT_RENEW_BEFORE_DAYS,
+                now: Optional[datetime.datetime] = None) -> bool:
+    """Whether a certificate expiring at `expires` is within `renew_before_days` of it, or past it."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    return expires - datetime.timedelta(days=float(renew_before_days)) <= now
+
+
+def expiry_warning(what: str, expires: datetime.datetime, now: Optional[datetime.datetime] = None) -> str:
+    """The refresh's line for a certificate due for renewal; `what` names it and says how it is renewed."""
+    left = expires - (now or datetime.datetime.now(datetime.timezone.utc))
+    state = f"expired {expires.isoformat()}" if left.total_seconds() <= 0 else \
+        f"expires {expires.isoformat()} ({left.days} days left)"
+    return f"{what} {state}"

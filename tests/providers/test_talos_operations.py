@@ -1,6 +1,7 @@
 """ConfigurationApply, Bootstrap and Kubeconfig providers called directly against stand-in nodes,
 and the resources registered under Pulumi mocks (secret inputs, secret kubeconfig output)."""
 
+import datetime
 import functools
 import hashlib
 import threading
@@ -320,6 +321,51 @@ def test_kubeconfig_is_fetched_once_and_refetched_when_its_source_changes(config
     assert provider.diff("id", outs, {**_props(configured_node), "talosconfig": other}).changes
     provider.update("id", outs, {**_props(configured_node), "talosconfig": other})
     assert len(configured_node.calls_for("Kubeconfig")) == 2
+
+
+def _kubeconfig_valid_for(days: int) -> str:
+    """An admin kubeconfig as Talos hands it out, its client certificate valid for `days` from now."""
+    from talos_proxmox.talos_config import pki, secrets_bundle
+    from tests.stand_ins.kubernetes_cluster import kubeconfig_yaml
+
+    ca_cert, ca_key = secrets_bundle.ca_pair(_bundle(), "k8s")
+    cert, key = pki.issue_certificate(ca_cert, ca_key, common_name="admin", organizations=("system:masters",),
+                                      client=True, validity=datetime.timedelta(days=days))
+    return kubeconfig_yaml("https://127.0.0.1:6443", ca_cert, cert, key, "admin")
+
+
+def test_a_kubeconfig_near_its_expiry_is_warned_about_on_refresh_and_fetched_again_by_the_next_up(
+        configured_node, capfd):
+    provider = talos_operations.KubeconfigProvider()
+    configured_node.kubeconfig_yaml = _kubeconfig_valid_for(400)
+    lasting = provider.create(_props(configured_node)).outs
+    left = datetime.datetime.fromisoformat(lasting["expires"]) - datetime.datetime.now(datetime.timezone.utc)
+    assert datetime.timedelta(days=399) < left <= datetime.timedelta(days=400)
+    assert provider.read("id", lasting).outs == lasting
+    assert not provider.diff("id", lasting, _props(configured_node)).changes
+    assert "kubeconfig" not in capfd.readouterr().err
+
+    configured_node.kubeconfig_yaml = _kubeconfig_valid_for(10)
+    expiring = provider.create(_props(configured_node)).outs
+    provider.read("id", expiring)
+    warned = capfd.readouterr().err
+    assert "talos-proxmox: refresh: the kubeconfig's client certificate expires " in warned
+    assert "(9 days left): the next `pulumi up` fetches a new one" in warned
+    assert provider.diff("id", expiring, _props(configured_node)).changes is True
+    configured_node.kubeconfig_yaml = _kubeconfig_valid_for(365)
+    renewed = provider.update("id", expiring, _props(configured_node)).outs
+    assert renewed["kubeconfig"] == configured_node.kubeconfig_yaml
+    assert len(configured_node.calls_for("Kubeconfig")) == 3
+    older_state = {k: v for k, v in expiring.items() if k != "expires"}  # made before `expires` was kept
+    assert provider.diff("id", older_state, _props(configured_node)).changes is True
+
+
+def test_a_kubeconfig_without_a_client_certificate_has_no_expiry_and_is_kept(configured_node):
+    configured_node.kubeconfig_yaml = KUBECONFIG
+    provider = talos_operations.KubeconfigProvider()
+    outs = provider.create(_props(configured_node)).outs
+    assert outs["expires"] is None
+    assert not provider.diff("id", outs, _props(configured_node)).changes
 
 
 # --- registered under Pulumi mocks ----------------------------------------------------------------
