@@ -184,6 +184,7 @@ class TalosNode(pulumi.ComponentResource):
             machine_configuration=self.machine_configuration.machine_configuration,
             talosconfig=talosconfig,
             vm_id=self.vm.vm_id,
+            role=node.role,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, self.lifecycle]),
         )
         self.register_outputs({"vm_id": self.vm.vm_id, "ip": node.ip})

@@ -26,6 +26,9 @@ from typing import Any, Mapping
 import pulumi.dynamic as dynamic
 from pulumi.runtime import known_types, rpc
 
+from talos_proxmox.day_two import cluster_lock
+from talos_proxmox.day_two.progress import note
+
 
 def has_unknowns(value: Any) -> bool:
     """True when a preview has not computed (part of) the value yet. The dynamic-provider host hands
@@ -61,3 +64,10 @@ def check_result(news: dict, property_name: str, error: Exception | None) -> dyn
 from providers import pickled_paths  # noqa: E402 - after the helpers above, which the providers import
 
 pickled_paths.register()
+
+
+def operations_lock(talosconfig: Any, what: str, name: Any):
+    """The cluster's operations lock (talos_proxmox.day_two.cluster_lock) for `what` of node `name`: one
+    node down at a time across every process managing the cluster; waits are printed."""
+    return cluster_lock.hold(cluster_lock.key_for(talosconfig), f"{what} of {name}",
+                             on_wait=lambda message: note(what, f"{name}: {message}"))

@@ -34,7 +34,6 @@ Every VM depends on it, so a refusal stops the up before any VM is touched, even
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Optional
 
 import pulumi
@@ -54,7 +53,7 @@ from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.proxmox_api import privileges, vms
 from talos_proxmox.proxmox_api.access import ProxmoxAccess, ProxmoxAccessError
 from talos_proxmox.settings.model import DEFAULT_LIFECYCLE_TIMEOUT_SECONDS
-from providers import has_unknowns, vm_replaced
+from providers import has_unknowns, operations_lock, vm_replaced
 from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
@@ -93,20 +92,9 @@ def _credentials(talosconfig) -> Any:
         return talosconfig
 
 
-def cluster_key(talosconfig) -> str | None:
-    """Names the cluster's etcd-membership lock: a hash of its OS CA, the same for every node of it."""
-    try:
-        ca = read_talosconfig(talosconfig).credentials.ca_pem
-    except (ValueError, TypeError, KeyError):
-        return None
-    return hashlib.sha256(ca).hexdigest()[:16]
-
-
 def _operations_lock(props: dict[str, Any], what: str):
     """The cluster's operations lock (talos_proxmox.day_two.cluster_lock) for this node's step."""
-    name = props.get("node_name")
-    return cluster_lock.hold(cluster_key(props.get("talosconfig")), f"{what} of {name}",
-                             on_wait=lambda message: note(what, f"{name}: {message}"))
+    return operations_lock(props.get("talosconfig"), what, props.get("node_name"))
 
 
 def _timeout(props: dict[str, Any]) -> float:
@@ -269,7 +257,7 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
             _node(props), lambda node: rolling.client_for(node, talosconfig), peers,
             reset=props.get("reset_on_delete", True) is not False, timeout=_timeout(props),
             reach_timeout=min(node_removal.REACH_TIMEOUT, _timeout(props)), backoff=rolling.DEFAULT_BACKOFF,
-            cluster_key=cluster_key(talosconfig), on_event=event)
+            cluster_key=cluster_lock.key_for(talosconfig), on_event=event)
         if node_removal.leaves_a_cluster(steps):
             delete_kubernetes_node(node, peers, talosconfig, _timeout(props), event)
         else:  # its peers were removed before it: asking each for a kubeconfig would only wait them out

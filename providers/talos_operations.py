@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 import pulumi
 import pulumi.dynamic as dynamic
 
-from providers import has_unknowns, vm_replaced
+from providers import has_unknowns, operations_lock, vm_replaced
 
 from talos_proxmox.day_two import drift, rolling
 from talos_proxmox.day_two.progress import note, progress_printer
@@ -83,6 +83,8 @@ class _TalosNodeProvider(dynamic.ResourceProvider):
 # vm_id: the node's VM (an output of it). A new VM boots the ISO unconfigured, so its apply is replaced,
 # delete-before-replace with the VM, and the new one starts with the first (insecure) apply.
 _APPLY_SETTINGS = ("node", "endpoint", "mode", "try_timeout_seconds", "timeout_seconds", "vm_id")
+# Kept in state but no reason to apply again: the health gate of an apply that reboots checks by role.
+_APPLY_FACTS = ("role",)
 
 
 class ConfigurationApplyProvider(_TalosNodeProvider):
@@ -95,7 +97,7 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
             wait=not insecure_first if wait is None else wait, timeout=_timeout(props),
         )
         return {
-            **{key: props.get(key) for key in _APPLY_SETTINGS},
+            **{key: props.get(key) for key in (*_APPLY_SETTINGS, *_APPLY_FACTS)},
             "config_sha256": operations.config_sha256(props["machine_configuration"]),
             "applied_via": outcome.via,
             "applied_mode": outcome.mode,
@@ -144,12 +146,24 @@ class ConfigurationApplyProvider(_TalosNodeProvider):
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         if olds.get("config_sha256") == operations.config_sha256(news["machine_configuration"]):
             # only how we talk to the node changed: nothing to send
-            return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in _APPLY_SETTINGS},
+            return dynamic.UpdateResult(outs={**_state(olds), **{key: news.get(key) for key in (*_APPLY_SETTINGS, *_APPLY_FACTS)},
                                               "machine_configuration": news.get("machine_configuration"),
                                               "talosconfig": news.get("talosconfig")})
         if olds.get("applied_mode") == "maintenance":
             # found in maintenance mode by a refresh: its first apply again, and back once it has installed
             return dynamic.UpdateResult(outs=self._apply(news, insecure_first=True, wait=True))
+        if (news.get("mode") or "auto") == "auto" and operations.apply_needs_reboot(
+                news["node"], news["machine_configuration"], news["talosconfig"], endpoint=news.get("endpoint"),
+                timeout=_timeout(news)):
+            # A change Talos takes only by rebooting (one made by hand, put back after a refresh, or kernel
+            # arguments): one node down at a time across the cluster, and the next only once it is healthy.
+            node = rolling.RollNode(news["node"], news["node"], news.get("role") or "worker", news.get("endpoint"))
+            with operations_lock(news["talosconfig"], "reboot to apply the configuration", news["node"]):
+                outs = self._apply(news, insecure_first=False)
+                with rolling.client_for(node, news["talosconfig"]) as client:
+                    rolling.wait_healthy(client, node, timeout=_timeout(news), backoff=rolling.DEFAULT_BACKOFF)
+            note("apply", f"{news['node']}: rebooted into its configuration and healthy")
+            return dynamic.UpdateResult(outs=outs)
         return dynamic.UpdateResult(outs=self._apply(news, insecure_first=False))
 
 
@@ -168,11 +182,11 @@ class ConfigurationApply(dynamic.Resource):
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
                  mode: str = "auto", try_timeout_seconds: Optional[float] = None,
                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS, vm_id: Optional[pulumi.Input[int]] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 role: Optional[str] = None, opts: Optional[pulumi.ResourceOptions] = None):
         operations.check_mode(mode)
         props = {
             "node": node, "endpoint": endpoint, "mode": mode, "try_timeout_seconds": try_timeout_seconds,
-            "timeout_seconds": timeout_seconds, "vm_id": vm_id,
+            "timeout_seconds": timeout_seconds, "vm_id": vm_id, "role": role,
             "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
             "config_sha256": None, "applied_via": None, "applied_mode": None, "warnings": None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -20,9 +21,21 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from talos_proxmox.talos_api.client import read_talosconfig
+
 LOCK_DIR = Path(tempfile.gettempdir()) / "talos-proxmox-locks"
 WAIT_SECONDS = 1800.0  # a node's step is bounded by the lifecycle's own timeout; this covers one
 PROGRESS_EVERY = 15.0
+
+
+def key_for(talosconfig) -> Optional[str]:
+    """Names the cluster's locks: a hash of its OS CA (from its talosconfig), the same for every node of
+    it and every stack that manages it; None when the talosconfig cannot be read."""
+    try:
+        ca = read_talosconfig(talosconfig).credentials.ca_pem
+    except (ValueError, TypeError, KeyError):
+        return None
+    return hashlib.sha256(ca).hexdigest()[:16]
 
 
 class ClusterBusy(RuntimeError):

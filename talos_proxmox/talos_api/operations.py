@@ -255,6 +255,22 @@ def apply_machine_configuration(
     )
 
 
+def apply_needs_reboot(node: str, machine_configuration: str | bytes, talosconfig: str | Mapping, *,
+                       endpoint: str | None = None, timeout: float = 600.0, backoff: Backoff | None = None,
+                       sleep=time.sleep, clock=time.monotonic) -> bool:
+    """Whether a configured node would reboot to take `machine_configuration` in AUTO mode: Talos's own
+    dry run (`talosctl apply-config --dry-run`), which changes nothing."""
+    backoff = backoff or DEFAULT_BACKOFF
+    data = machine_configuration.encode() if isinstance(machine_configuration, str) else machine_configuration
+    with _mtls_client(talosconfig, endpoint or node, node) as mtls:
+        reply = call_with_retry(
+            lambda remaining: mtls.apply_configuration(data, mode="auto", dry_run=True,
+                                                       timeout=min(CALL_TIMEOUT, remaining)),
+            timeout=timeout, what=f"dry-run apply to {node}", backoff=backoff, retry_if=_transient_apply,
+            sleep=sleep, clock=clock)
+    return any(message.mode == machine_pb2.ApplyConfigurationRequest.REBOOT for message in reply.messages)
+
+
 def bootstrap_etcd(node: str, talosconfig: str | Mapping, *, endpoint: str | None = None, timeout: float = 600.0,
                    backoff: Backoff | None = None, sleep=time.sleep, clock=time.monotonic) -> bool:
     """Bootstrap etcd on a control plane node; returns False if it was already bootstrapped.

@@ -1,18 +1,19 @@
 """The far side of the engine tier: Image Factory, Proxmox VE and one Talos node per VM, as network servers.
 
 Everything a `pulumi up` reaches runs here, in the test's process, on loopback: the factory stand-in
-(HTTP), fakepve (the PVE JSON API over HTTPS, with the stack's API token) and a FakeTalosNode for each
-node at its stack address, 127.0.0.x:50000. A node is powered off until the PVE stand-in starts the VM
-named after it; then it boots the ISO (maintenance mode) and answers the first, insecure apply, as on a
-real host. The control planes share one etcd member list and the cluster one Kubernetes API stand-in
-(tests/stand_ins/kubernetes_api.py), where its day-two drains and Node deletions go.
+(HTTP), fakepve (the PVE JSON API over HTTPS, with the stack's API token), a FakeTalosNode for each
+node at its stack address, 127.0.0.x:50000, and a real Kubernetes control plane behind them
+(tests/stand_ins/kubernetes_cluster.py: etcd, API server, controllers, scheduler, kwok as the kubelets).
+A node is powered off until the PVE stand-in starts the VM named after it; then it boots the ISO
+(maintenance mode) and answers the first, insecure apply, as on a real host. The control planes share
+one etcd member list.
 
-`engine_cluster(..., kubernetes=True)` puts a real Kubernetes control plane behind the nodes instead of
-that stand-in (tests/stand_ins/kubernetes_cluster.py: etcd, API server, controllers, scheduler, kwok as the
-kubelets), under the stack's own Kubernetes CA from the bundle the stack adopts: each control plane's
-Kubeconfig RPC hands out an admin kubeconfig for it (client certificate O=system:masters CN=admin
-issued by that CA, as Talos signs it); each node registers its Node once configured (control planes
-labelled and tainted as Talos's kubelet registers them, with their static pods' mirror pods); the
+The control plane runs under the stack's own Kubernetes CA from the bundle the stack adopts: each control
+plane's Kubeconfig RPC hands out an admin kubeconfig for it (client certificate O=system:masters CN=admin
+issued by that CA, as Talos signs it), and what the program does with it is in the API server's audit log
+(KubeCluster.changes()); each node registers its Node once configured (control planes labelled and
+tainted as Talos's kubelet registers them, with their static pods' mirror pods) and gets a workload, a
+one-pod Deployment `app-<node>` pinned to it, which drains evict; the
 Bootstrap RPC makes CoreDNS as Talos's bootstrap manifests do. Two controllers of the charts are played
 too, as no container runs: Cilium's operator registers its LB-IPAM CRDs (Cilium's own CRD files at the
 chart's release, .tools/cilium-crds) once its pod is scheduled, and the CCM's node controller lifts the
@@ -52,7 +53,6 @@ from tests.stand_ins import kubernetes_cluster as kube
 from tests.stand_ins.chart_sources import CHARTS, ChartCa, HelmRepository, OciRegistry
 from tests.engine.pulumi_cli import CliRun, PulumiProject, missing_tools
 from tests.stand_ins.image_factory import StandInFactory
-from tests.stand_ins.kubernetes_api import StandInApi, coredns, node as k8s_node, workload_pod
 from tests.program.mocked_program import stack_config
 from tests.stand_ins.proxmox_ve import ProxmoxStandIn, serve_proxmox
 from tests.stand_ins.talos_api import FakeTalosNode, RecordedCall
@@ -121,16 +121,8 @@ class StandInCluster:
         members = [machine_pb2.EtcdMember(id=0x100 + i, hostname=name, peer_urls=[f"https://{ip}:2380"],
                                           client_urls=[f"https://{ip}:2379"])
                    for i, (name, role, ip) in enumerate(nodes) if role == "controlplane"]
-        # The cluster's Kubernetes API: each control plane's kubeconfig reaches it; every node runs one
-        # workload pod, which a drain evicts; a removed node's Node object can be deleted.
-        self.kube = StandInApi([([k8s_node(name, True, control_plane=role == "controlplane")
-                                  for name, role, _ in nodes], coredns(2))])
-        self.kube.pods = [workload_pod(f"app-{name}", name) for name, _, _ in nodes]
-        self.kube.deletable = {name for name, _, _ in nodes}
         for name, role, _ in nodes:  # what a healthy node reports once the cluster runs
             fake = self.nodes[name]
-            if role == "controlplane":
-                fake.kubeconfig_yaml = self.kube.kubeconfig()
             fake.etcd_members = list(members) if role == "controlplane" else []
             fake.services = [s for s in fake.services if role == "controlplane" or s.id != "etcd"]
             if role == "controlplane":
@@ -165,8 +157,6 @@ class StandInCluster:
             self._next_member_id += 1
             for name in self.control_planes:
                 self.nodes[name].etcd_members = [*self.nodes[name].etcd_members, member]
-        if first:
-            self.kube.deletable.add(node.hostname)
         return response
 
     def counts(self) -> dict[str, int]:
@@ -176,8 +166,6 @@ class StandInCluster:
     def stop(self) -> None:
         for fake in self.nodes.values():
             fake.stop()
-        if hasattr(self, "kube"):
-            self.kube.close()
 
 
 
@@ -241,12 +229,12 @@ class EngineCluster(StandInCluster):
     def _trustd(self) -> tuple[bytes, bytes]:
         return secrets_bundle.ca_pair(self.bundle, "os")
 
-    kubernetes: "KubernetesWiring | None" = None
+    kubernetes: "KubernetesWiring"  # set by KubernetesWiring.wire
 
     def _apply(self, role: str, node: FakeTalosNode, request, context):
         first = node.mode == "maintenance" and not request.dry_run
         response = super()._apply(role, node, request, context)
-        if first and self.kubernetes is not None:
+        if first:
             self.kubernetes.register_when_configured(node, role)
         return response
 
@@ -414,7 +402,22 @@ class KubernetesWiring:
         if control_plane:
             for component in STATIC_PODS:
                 self._mirror_pod(name, uid, component)
+        self._workload(name)
         self.registered.append(name)
+
+    def _workload(self, node: str) -> None:
+        """A user's workload on `node`: Deployment `app-<node>`, one pod pinned there (back once the node
+        is schedulable again after a drain), in the default namespace."""
+        labels = {"app": f"app-{node}"}
+        response = self.kube.request("POST", "/apis/apps/v1/namespaces/default/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"app-{node}", "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                         "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+                         "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}}}})
+        if response.status_code not in (201, 409):
+            raise RuntimeError(f"workload app-{node}: HTTP {response.status_code}: {response.text[:300]}")
 
     def _mirror_pod(self, node: str, node_uid: str, component: str) -> None:
         """A static pod's mirror pod, as the kubelet creates it: bound to its node, owned by the Node,
@@ -549,8 +552,7 @@ class EnvPulumiProject(PulumiProject):
 
 def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file: Path, **options) -> dict:
     """The dev stack on loopback (e2e_config) adopting `secrets_file`, with Cilium and the CCM off: only
-    `engine_cluster(..., kubernetes=True)` has a real API server to install them into (test_addons.py
-    turns them on)."""
+    `engine_cluster(..., addons=True)` serves their charts (test_addons*.py turn them on)."""
     config = e2e_config(cluster.factory.url, nodes, talos_version, **options)
     config["cluster"]["secretsFile"] = str(secrets_file)
     config["cilium"] = {"enabled": False}
@@ -564,8 +566,7 @@ def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]
                                          if not os.access(kube.TOOLS / name, os.X_OK)]
     missing += [] if any(CILIUM_CRDS.glob("*.yaml")) else ["cilium-crds"]
     if missing:
-        pytest.fail(f"engine_cluster(kubernetes=True) needs {', '.join(missing)} in .tools/bin: "
-                    "run `bash scripts/tools.sh`")
+        pytest.fail(f"the engine tier needs {', '.join(missing)} in .tools: run `bash scripts/tools.sh`")
     ca_cert, ca_key = secrets_bundle.ca_pair(bundle, "k8s")
     sa_key = pki.pem_from_b64(bundle["certs"]["k8sserviceaccount"]["key"])
     with kube.kube_cluster(tmp_path / "kube", ca_cert, ca_key, service_account_key_pem=sa_key) as running:
@@ -578,12 +579,11 @@ def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]
 
 @contextlib.contextmanager
 def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: float = 0.2,
-                   kubernetes: bool = False, **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
-    """Stand-ins for `nodes` [(name, role, ip)] and a stack of the program on them, initialised (stack
-    file, Proxmox endpoint, the API token as a secret) but not yet deployed. `install_seconds`: how long
-    each node takes from its first apply to answering configured. `kubernetes`: a real control plane
-    instead of the Kubernetes API stand-in, and Cilium and the CCM on, from the test's chart mirrors
-    (`cluster.kubernetes`, a KubernetesWiring)."""
+                   addons: bool = False, **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
+    """Stand-ins for `nodes` [(name, role, ip)], the real control plane behind them, and a stack of the
+    program on them, initialised (stack file, Proxmox endpoint, the API token as a secret) but not yet
+    deployed. `install_seconds`: how long each node takes from its first apply to answering configured.
+    `addons`: Cilium and the CCM on, from the test's chart mirrors (`cluster.kubernetes`)."""
     missing = missing_tools()
     if missing:
         pytest.fail(f"the engine tier needs {', '.join(missing)} in .tools/bin: run `bash scripts/tools.sh`")
@@ -591,33 +591,29 @@ def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: f
     secrets_file = tmp_path / "secrets.yaml"
     secrets_file.write_text(secrets_bundle.dump_secrets(bundle))
     secrets_file.chmod(0o600)
-    with contextlib.ExitStack() as real:
-        wiring = real.enter_context(_real_kubernetes(tmp_path, bundle)) if kubernetes else None
-        with _engine_cluster(tmp_path, nodes, talos_version, install_seconds, bundle, secrets_file, wiring,
-                             **options) as made:
-            yield made
+    with _real_kubernetes(tmp_path, bundle) as wiring, \
+            _engine_cluster(tmp_path, nodes, talos_version, install_seconds, bundle, secrets_file, wiring, addons,
+                            **options) as made:
+        yield made
 
 
 @contextlib.contextmanager
 def _engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: float, bundle: dict,
-                    secrets_file: Path, wiring: "KubernetesWiring | None",
+                    secrets_file: Path, wiring: KubernetesWiring, addons: bool,
                     **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
     with StandInFactory() as factory, serve_proxmox() as pve:
         try:
             cluster = EngineCluster(factory, pve, nodes, talos_version, bundle, install_seconds)
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL:
-                pytest.skip(f"cannot listen on 127.0.0.x here ({exc})")
+                pytest.fail(f"the engine tier listens on 127.0.0.x addresses, and cannot here ({exc})")
             raise
         try:
-            if wiring is not None:
-                wiring.wire(cluster)
-                project: PulumiProject = EnvPulumiProject(tmp_path / "pulumi", STACK, wiring.cli_env())
-            else:
-                project = PulumiProject(tmp_path / "pulumi", STACK)
+            wiring.wire(cluster)
+            project = EnvPulumiProject(tmp_path / "pulumi", STACK, wiring.cli_env())
             endpoint = pve.provider_config()
             config = engine_stack(cluster, nodes, talos_version, secrets_file, **options)
-            if wiring is not None:
+            if addons:
                 config.update(wiring.stack_settings())
             for host in {config["proxmox"]["node"], *(node.get("proxmoxNode") for node in config["nodes"])} - {None}:
                 pve.add_node(host)  # the Proxmox cluster's members

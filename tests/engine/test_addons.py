@@ -3,7 +3,7 @@
 The real Pulumi CLI with the real Kubernetes provider plugin (pulumi-resource-kubernetes 4.32.0, Helm
 3.20 inside) and the real Proxmox provider plugin deploys three control planes and a worker with Cilium
 and the CCM on and the health wait on. Behind the Talos stand-ins (tests/engine/cluster.py,
-`kubernetes=True`): etcd, kube-apiserver, the controller manager and the scheduler for real, kwok as the
+`addons=True`): etcd, kube-apiserver, the controller manager and the scheduler for real, kwok as the
 kubelets, under the stack's own Kubernetes CA; the charts come from mirrors the test serves over HTTPS
 with CAs of its own: Cilium's from a Helm repository (`cilium.repository`, `cilium.caFile`), the CCM's
 from an OCI registry (`ccm.chart: oci://...`). What is asserted is what the API server holds: Helm's
@@ -91,7 +91,7 @@ def deploy(cluster: EngineCluster, project: PulumiProject, config: dict, render_
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("addons")
-    with engine_cluster(tmp, NODES, TALOS, kubernetes=True, health=HEALTH) as (cluster, project):
+    with engine_cluster(tmp, NODES, TALOS, addons=True, health=HEALTH) as (cluster, project):
         started = time.monotonic()
         first = deploy(cluster, project, stack_config(cluster, tmp / "secrets.yaml", CILIUM_VALUES),
                        tmp / "render-first")

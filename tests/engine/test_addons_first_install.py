@@ -1,5 +1,5 @@
 """A first install that never gets ready, with the CCM doing node IPAM: the engine tier against a real
-Kubernetes control plane (tests/engine/cluster.py, `kubernetes=True`).
+Kubernetes control plane (tests/engine/cluster.py, `addons=True`).
 
 One control plane and two workers; the CCM hands out pod CIDRs (`ccm.nodeIpam`), so it must run before the
 pod network: as the chart's DaemonSet on the host network, tolerating nodes that are not ready. Cilium's
@@ -79,7 +79,7 @@ def read_back(cluster: EngineCluster) -> dict:
 @pytest.fixture(scope="module")
 def installs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("first-install")
-    with engine_cluster(tmp, NODES, TALOS, kubernetes=True) as (cluster, project):
+    with engine_cluster(tmp, NODES, TALOS, addons=True) as (cluster, project):
         failed = cluster.deploy(project, stack_config(cluster, tmp / "secrets.yaml", NEVER_READY),
                                 tmp / "render-failed", fails=True)
         after_failed = read_back(cluster)

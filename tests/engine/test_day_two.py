@@ -88,7 +88,7 @@ def ups(tmp_path_factory) -> dict:
         done["hardware_vms"] = {name: (dict(vm.config), dict(vm.pending))
                                 for name in ROLL_ORDER for vm in [cluster.pve.vm(VM_IDS[name])]}
         done["hardware_end"] = time.monotonic()
-        done["kube"] = cluster.kube
+        done["kube"] = cluster.kubernetes.kube
 
         def deploy_now(name, nodes, fails=False, **config_changes):  # what the stack says from here on
             config = engine_stack(cluster, nodes, UPGRADE, tmp / "secrets.yaml", kubernetes_version=NEW_KUBERNETES,
@@ -267,7 +267,8 @@ def test_failed_upgrade_names_the_failing_node_and_upgrades_no_later_node(ups):
     # e2e-cp-2 was drained and rebooted; once its health failed, it was uncordoned all the same
     since = upgrades[CP2][0].at
     until = min(c.at for name in ROLL_ORDER for c in ups["resumed"].new_calls(failed, name))
-    assert upgrade_timeline({CP2: failed.new_calls(before, CP2)}, ups["kube"], since, until) == [
+    assert upgrade_timeline({CP2: failed.new_calls(before, CP2)}, ups["kube"].changes(), since, until,
+                            by_deployment=True) == [
         (CP2, "LifecycleService/Upgrade"), ("kubernetes", f"cordon {CP2}"), ("kubernetes", f"evict default/app-{CP2}"),
         (CP2, "Reboot"), ("kubernetes", f"uncordon {CP2}")]
 

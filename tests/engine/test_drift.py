@@ -5,13 +5,15 @@ Stand-ins as in tests/engine/test_first_deploy_and_day_two.py: one control plane
 After the first up, e2e-worker-1's config is changed by hand (an ApplyConfiguration over mTLS with the
 stack's talosconfig, as `talosctl apply-config` sends it), e2e-worker-2 is reset to maintenance mode
 (it boots the ISO again) and e2e-cp-1 runs Talos v1.13.6 (rolled back by hand). Then a preview with
---refresh, and an up with --refresh.
+--refresh, and an up with --refresh. Then both workers' configs are changed by hand again, this time in a
+way Talos takes back only by rebooting, and another up with --refresh puts them back one node at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import time
 
 import pytest
 import yaml
@@ -57,8 +59,24 @@ def drift(tmp_path_factory):
                                                 "--stacks-dir", str(project.stack_file.parent)])
         preview = project.preview("--refresh", "--diff")
         up = project.up("--refresh")
+        rebooting_since = time.monotonic()
+        calls_before_reboots = {name: len(fake.calls) for name, fake in cluster.nodes.items()}
+        for name, address in (("e2e-worker-1", "127.0.0.73"), ("e2e-worker-2", "127.0.0.74")):
+            fake = cluster.nodes[name]
+            with TalosClient([fake.endpoint], credentials=credentials, node=address) as client:
+                client.apply_configuration(hand_edited(fake.config), mode="no-reboot", timeout=10)
+            fake.auto_needs_reboot = True  # putting it back takes a reboot,
+            fake.install_downtime = 3.0  # long enough to be seen going down (a real one takes half a minute)
+        rebooted = project.up("--refresh")
         yield {"first": first, "preview": preview, "up": up, "cluster": cluster, "project": project,
-               "calls_before": calls_before, "looked": looked.getvalue(), "looked_status": looked_status}
+               "calls_before": calls_before, "looked": looked.getvalue(), "looked_status": looked_status,
+               "rebooted": rebooted, "rebooting_since": rebooting_since,
+               "calls_before_reboots": calls_before_reboots}
+
+
+def between(drift, name: str) -> list:
+    """What node `name` received from the first refresh to the hand changes that take a reboot."""
+    return drift["cluster"].nodes[name].calls[drift["calls_before"][name]:drift["calls_before_reboots"][name]]
 
 
 def test_the_refreshed_preview_names_each_drifted_node_and_plans_only_their_applies(drift):
@@ -86,10 +104,29 @@ def test_the_refreshed_up_applies_the_stack_config_back_and_reinstalls_the_reset
     worker, reset = cluster.nodes["e2e-worker-1"], cluster.nodes["e2e-worker-2"]
     assert worker.config == first.rendered["e2e-worker-1"]
     assert reset.mode == "configured" and reset.config == first.rendered["e2e-worker-2"]
-    [again] = [c for c in reset.calls[drift["calls_before"]["e2e-worker-2"]:] if c.rpc == "ApplyConfiguration"]
+    [again] = [c for c in between(drift, "e2e-worker-2") if c.rpc == "ApplyConfiguration"]
     assert again.mode == "maintenance" and again.roles == ()  # its first apply, insecure, as at creation
-    [back] = [c for c in worker.calls[drift["calls_before"]["e2e-worker-1"]:] if c.rpc == "ApplyConfiguration"]
+    dry_run, back = [c for c in between(drift, "e2e-worker-1") if c.rpc == "ApplyConfiguration"]
+    assert dry_run.request.dry_run and not back.request.dry_run  # Talos said whether it takes a reboot first
     assert back.roles == ("os:admin",) and back.request.data == first.rendered["e2e-worker-1"]
+
+
+def test_hand_changes_that_take_a_reboot_are_put_back_one_node_at_a_time_health_gated(drift):
+    cluster, first, up = drift["cluster"], drift["first"], drift["rebooted"]
+    assert set(up.steps("update")) == {"apply-e2e-worker-1", "apply-e2e-worker-2"}
+    workers = [cluster.nodes["e2e-worker-1"], cluster.nodes["e2e-worker-2"]]
+    for fake in workers:
+        assert fake.config == first.rendered[fake.hostname]
+    down = []
+    for fake in workers:
+        downs = [at for at, what in fake.power if what == "down" and at > drift["rebooting_since"]]
+        ups = [at for at, what in fake.power if what == "up" and at > drift["rebooting_since"]]
+        assert len(downs) == len(ups) == 1, fake.hostname
+        down.append((downs[0], ups[0]))
+    (first_down, first_up), (second_down, second_up) = sorted(down)
+    assert second_down > first_up, "both workers were down at once"
+    printed = "".join(up.diagnostics("info#err")) + up.stderr
+    assert printed.count(": rebooted into its configuration and healthy") == 2
 
 
 def test_a_refresh_prints_and_stores_no_secret(drift):

@@ -65,7 +65,7 @@ def ups(tmp_path_factory) -> dict:
         config["nodes"] = [node for node in config["nodes"] if node["name"] != CP1]
         done["cp1_removed"] = deploy("cp1_removed", config)
         done["etcd_after_removal"] = etcd_members(cluster)
-        done["pve"], done["kube"] = cluster.pve, cluster.kube
+        done["pve"], done["kube"] = cluster.pve, cluster.kubernetes.kube
         yield done
 
 
@@ -140,7 +140,8 @@ def test_no_other_node_goes_down_while_one_is_replaced(ups):
     for name in (CP2, CP3, WORKER):
         # beyond a kubeconfig from a control plane to delete the old Node object, nothing
         assert {call.rpc for call in up.new_calls(before, name)} <= {"Kubeconfig"}, name
-    assert f"DELETE /api/v1/nodes/{CP1}" in [request for request, _ in ups["kube"].requests]
+    deleted = [(c.name, c.code) for c in ups["kube"].changes() if (c.verb, c.resource) == ("delete", "nodes")]
+    assert (CP1, 200) in deleted, deleted
 
 
 # --- a worker with a new MAC; a control plane on another host ---------------------------------------

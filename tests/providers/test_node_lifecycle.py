@@ -242,8 +242,8 @@ def test_an_upgrade_prints_one_progress_line_per_step(pair, capfd):
     assert all(line.endswith("s)") for line in lines if line.startswith("talos-proxmox: upgrade"))
 
 
-def test_the_membership_lock_is_named_by_the_clusters_ca(pair, bundle):
-    from providers.node_lifecycle import cluster_key
+def test_the_clusters_locks_are_named_by_its_ca(pair, bundle):
+    from talos_proxmox.day_two.cluster_lock import key_for as cluster_key
 
     _, talosconfig = pair
     other = make_talosconfig(secrets_bundle.generate_secrets("v1.13.7"), "other", ["10.9.9.9:50000"])

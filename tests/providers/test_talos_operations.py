@@ -234,7 +234,8 @@ def test_an_auto_apply_that_resolves_to_a_reboot_returns_only_when_the_node_is_b
     apply = configured_node.calls_for("ApplyConfiguration")[-1]
     assert apply.request.mode == 1  # AUTO was asked; the node chose the reboot
     after = [c for c in configured_node.calls if c.at > apply.at]
-    assert after and after[-1].rpc == "Version" and after[-1].at > apply.at + 0.5  # answered after the downtime
+    back = [c for c in after if c.rpc == "Version" and c.at > apply.at + 0.5]  # answered after the downtime
+    assert back and any(c.rpc == "ServiceList" and c.at >= back[0].at for c in after)  # then health-gated
 
 
 def test_a_node_that_says_reboot_but_never_goes_down_is_reported():
@@ -260,6 +261,55 @@ def test_create_gives_up_after_the_timeout_naming_the_node(configured_node):
 def test_check_reports_bad_mode_and_timeout():
     result = talos_operations.ConfigurationApplyProvider().check({}, {"node": "10.5.0.2", "mode": "fast", "timeout_seconds": 0})
     assert sorted(f.property for f in result.failures) == ["mode", "timeout_seconds"]
+
+
+def _apply_update(node: FakeTalosNode, config: str = NEW_CONFIG) -> dict:
+    olds = {**_apply_props(node), "config_sha256": operations.config_sha256(CONFIG), "applied_mode": "NO_REBOOT"}
+    return talos_operations.ConfigurationApplyProvider().update("id", olds, _apply_props(node, config, role="worker")).outs
+
+
+def _down_intervals(node: FakeTalosNode) -> list[tuple[float, float]]:
+    downs = [at for at, what in node.power if what == "down"]
+    ups = [at for at, what in node.power if what == "up"]
+    return [(down, next(up for up in ups if up > down)) for down in downs]
+
+
+def test_applies_that_need_a_reboot_take_the_clusters_lock_one_node_at_a_time(capfd):
+    """Two nodes whose new config Talos takes only by rebooting, updated at once (as the engine runs two
+    apply resources at once): the second reboots only once the first is back and healthy."""
+    nodes = [FakeTalosNode(shared_bundle(), mode="configured", install_downtime=0.5) for _ in range(2)]
+    try:
+        for node in nodes:
+            node.config, node.auto_needs_reboot = CONFIG.encode(), True
+        outs: list[dict] = []
+        threads = [threading.Thread(target=lambda n=node: outs.append(_apply_update(n))) for node in nodes]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(outs) == 2 and {o["applied_mode"] for o in outs} == {"REBOOT"}
+        assert all(node.reboots == 1 and node.config == NEW_CONFIG.encode() for node in nodes)
+        (first_down, first_up), = _down_intervals(nodes[0])
+        (second_down, second_up), = _down_intervals(nodes[1])
+        assert second_down >= first_up or first_down >= second_up, "both nodes were down at once"
+        for node in nodes:  # Talos's dry run first, then the apply
+            assert [c.request.dry_run for c in node.calls_for("ApplyConfiguration")] == [True, False]
+        assert capfd.readouterr().err.count(": rebooted into its configuration and healthy") == 2
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_an_apply_that_needs_no_reboot_does_not_wait_for_the_clusters_lock(configured_node):
+    from talos_proxmox.day_two import cluster_lock
+
+    configured_node.config = CONFIG.encode()
+    with cluster_lock.hold(cluster_lock.key_for(_talosconfig()), "a roll elsewhere"):
+        done = []
+        worker = threading.Thread(target=lambda: done.append(_apply_update(configured_node)))
+        worker.start()
+        worker.join(20)
+    assert done and done[0]["applied_mode"] == "NO_REBOOT" and configured_node.reboots == 0
 
 
 # --- Bootstrap ------------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
 """A stand-in Kubernetes API server: HTTPS on 127.0.0.1 with its own cluster CA, demanding the
 kubeconfig's client certificate (or a bearer token), answering the reads of the health check, Helm's
 release Secrets, and what a drain does: cordon and uncordon (PATCH of a Node), the pods on a node, their
-evictions (policy/v1 Eviction), and a Node's deletion. Every request is recorded in order."""
+evictions (policy/v1 Eviction), and a Node's deletion. Every request is recorded in order.
+
+For the unit and provider tests of the drain, the health wait and Helm's release mode, which script its
+answers poll by poll (a budget refusing N evictions, a pod lingering while terminating) and need no
+binaries. The engine tier runs a real control plane instead (kubernetes_cluster.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import yaml
 
 from talos_proxmox.talos_config.pki import b64_pem, issue_certificate, new_ca
 from talos_proxmox.talos_api.tls_bridge import load_cert_chain
+from tests.stand_ins.kubernetes_cluster import Change
 
 NODES_PATH = "/api/v1/nodes"
 PODS_PATH = "/api/v1/namespaces/kube-system/pods"
@@ -23,6 +28,14 @@ DAEMONSETS_PATH = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 COREDNS_PATH = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"
 SECRETS_PATH = "/api/v1/namespaces/kube-system/secrets"
 ALL_PODS_PATH = "/api/v1/pods"
+
+
+def _change(method: str, path: str, body: dict) -> Change:
+    """A change as the audit log records it: PATCH .../nodes/<name>, POST .../namespaces/<ns>/pods/<name>/eviction."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    if method == "POST" and len(parts) == 7 and parts[-1] == "eviction":
+        return Change(time.monotonic(), "create", "pods", "eviction", parts[3], parts[5], body, 0)
+    return Change(time.monotonic(), method.lower(), parts[-2] if len(parts) > 1 else "", "", "", parts[-1], body, 0)
 
 
 def workload_pod(name: str, node_name: str, namespace: str = "default", owner: str | None = "ReplicaSet",
@@ -112,6 +125,7 @@ class StandInApi:
         # (time.monotonic(), "METHOD path", JSON body) of every PATCH and POST, in order; the time is the
         # clock FakeTalosNode's RecordedCall.at uses, so calls to both sides can be put in one order.
         self.changes: list[tuple[float, str, dict]] = []
+        self.audit_log: list[Change] = []  # the same changes as the real API server's audit log has them
         self.secrets: list[dict] = []  # kube-system Secrets, e.g. Helm's release revisions (helm_release_secret)
         self.polls = 0
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -174,6 +188,7 @@ class StandInApi:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
                 api.requests.append((f"{method} {self.path}", self.headers.get("Content-Type", "")))
                 api.changes.append((time.monotonic(), f"{method} {self.path}", body))
+                api.audit_log.append(_change(method, self.path, body))
                 return body
 
             def _refused(self):

@@ -13,6 +13,11 @@ heartbeat lease, and moves each pod bound to a node to Running and Ready (pod IP
 finishes deleting pods: no container runs, nothing listens on the pod or node addresses, and there is no
 network between pods. Its stages are tests/stand_ins/kwok-stages.yaml (kwok's own "fast" stages).
 
+Who asked what: the API server's own audit log (`--audit-log-path`, policy AUDIT_POLICY) records every
+change made as PROGRAM_USER, the user of the admin client certificates Talos's Kubeconfig RPC hands out
+(CN=admin), with its request body; the tests' own requests (HARNESS_USER) and kwok's go unrecorded.
+`KubeCluster.changes()` reads it.
+
 The API server advertises ADVERTISE_ADDRESS, a documentation address no interface has: the address only
 goes into the `kubernetes` Service's endpoints, and a loopback one is refused there.
 """
@@ -21,11 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +61,31 @@ CONTROLLER_MANAGER_USER = "system:kube-controller-manager"  # the user names RBA
 SCHEDULER_USER = "system:kube-scheduler"
 
 _PR_SET_PDEATHSIG = 1
+
+PROGRAM_USER = "admin"  # the CN of the admin kubeconfig Talos hands out: what the program acts as
+HARNESS_USER = "engine-test"  # the tests' own requests (and kwok's, as KWOK_USER), never audited
+KWOK_USER = "kwok"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Request", "users": [PROGRAM_USER],
+               "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+              {"level": "None"}],
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change the program made, from the audit log: `at` (time.monotonic() when the API server got it),
+    `verb` (create, patch, delete...), `resource`/`subresource`/`namespace`/`name` as the request named
+    them, `body` (the request object: a merge patch, an Eviction...) and the answer's HTTP `code`."""
+    at: float
+    verb: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+    body: Any
+    code: int
 
 
 class KubeClusterError(RuntimeError):
@@ -120,14 +152,24 @@ class _Process:
 @dataclass
 class KubeCluster:
     """A running control plane: `url` of the API server, `ca_pem` (the CA given), `admin_kubeconfig`
-    (YAML, client certificate CN=admin O=system:masters issued by that CA) and `workdir` (its files
-    and each component's log, `<name>.log`)."""
+    (YAML, the tests' own client certificate, CN=engine-test O=system:masters, issued by that CA) and
+    `workdir` (its files, the audit log and each component's log, `<name>.log`)."""
 
     url: str
     ca_pem: bytes
     admin_kubeconfig: str
     workdir: Path
     session: requests.Session = field(repr=False)
+    processes: dict = field(default_factory=dict, repr=False)  # component name -> its _Process
+
+    def pause_api_server(self, seconds: float) -> None:
+        """The API server stops answering for `seconds` (SIGSTOP, then SIGCONT): connections are accepted by
+        the kernel and get no answer, as during a control plane's restart or a network partition."""
+        pid = self.processes["kube-apiserver"].popen.pid
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(seconds, os.kill, args=(pid, signal.SIGCONT))
+        resume.daemon = True
+        resume.start()
 
     def request(self, method: str, path: str, body: Any = None, *, timeout: float = 30.0) -> requests.Response:
         """`method path` as the admin; `body` is sent as JSON (a merge patch for PATCH)."""
@@ -138,6 +180,19 @@ class KubeCluster:
             headers["Content-Type"] = ("application/merge-patch+json" if method.upper() == "PATCH"
                                        else "application/json")
         return self.session.request(method, self.url + path, data=data, headers=headers, timeout=timeout)
+
+    def changes(self) -> list[Change]:
+        """Every change PROGRAM_USER made so far, in the order the API server received them."""
+        offset = time.time() - time.monotonic()
+        found = []
+        for line in (self.workdir / "audit.log").read_text().splitlines():
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            received = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            found.append(Change(received.timestamp() - offset, event["verb"], ref.get("resource", ""),
+                                ref.get("subresource", ""), ref.get("namespace", ""), ref.get("name", ""),
+                                event.get("requestObject"), (event.get("responseStatus") or {}).get("code", 0)))
+        return sorted(found, key=lambda change: change.at)
 
     def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> dict:
         """Create Node `name` (kwok, managing every node, makes it Ready); returns the created object."""
@@ -236,11 +291,14 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
     sa_key_file = _write(workdir / "sa.key", sa_key)
     sa_pub_file = _write(workdir / "sa.pub", pki.load_key(sa_key).public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), 0o644)
-    admin_cert, admin_key = client("admin", ("system:masters",))
+    admin_cert, admin_key = client(HARNESS_USER, ("system:masters",))
     admin_cert_file = _write(workdir / "admin.crt", admin_cert, 0o644)
     admin_key_file = _write(workdir / "admin.key", admin_key)
-    admin_kubeconfig = kubeconfig_yaml(url, ca_pem, admin_cert, admin_key, "admin")
-    kubeconfigs = {"admin": _write(workdir / "admin.kubeconfig", admin_kubeconfig)}
+    admin_kubeconfig = kubeconfig_yaml(url, ca_pem, admin_cert, admin_key, HARNESS_USER)
+    kubeconfigs = {"admin": _write(workdir / "admin.kubeconfig", admin_kubeconfig),
+                   "kwok": _write(workdir / "kwok.kubeconfig",
+                                  kubeconfig_yaml(url, ca_pem, *client(KWOK_USER, ("system:masters",)), KWOK_USER))}
+    audit_policy = _write(workdir / "audit-policy.yaml", yaml.safe_dump(AUDIT_POLICY), 0o644)
     for name, user in (("controller-manager", CONTROLLER_MANAGER_USER), ("scheduler", SCHEDULER_USER)):
         kubeconfigs[name] = _write(workdir / f"{name}.kubeconfig", kubeconfig_yaml(url, ca_pem, *client(user), user))
 
@@ -270,6 +328,8 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={sa_pub_file}", f"--service-account-signing-key-file={sa_key_file}",
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+            f"--audit-policy-file={audit_policy}", f"--audit-log-path={workdir / 'audit.log'}",
+            "--audit-log-format=json", "--audit-log-mode=blocking",  # written before each answer
         ])
         starter.wait_ready(apiserver, lambda: _ok(session, url + "/readyz"), "/readyz")
 
@@ -293,13 +353,14 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
                                "/healthz")
 
         kwok = starter.start("kwok", [
-            "kwok", f"--kubeconfig={kubeconfigs['admin']}", f"--config={KWOK_STAGES}",
+            "kwok", f"--kubeconfig={kubeconfigs['kwok']}", f"--config={KWOK_STAGES}",
             "--manage-all-nodes=true", "--node-lease-duration-seconds=40",
             f"--cidr={POD_CIDR}", f"--node-ip={NODE_IP}", f"--server-address=127.0.0.1:{ports['kwok']}",
         ])
         starter.wait_ready(kwok, lambda: _ok(session, f"http://127.0.0.1:{ports['kwok']}/healthz"), "/healthz")
 
-        yield KubeCluster(url, ca_pem, admin_kubeconfig, workdir, session)
+        yield KubeCluster(url, ca_pem, admin_kubeconfig, workdir, session,
+                          {process.name: process for process in starter.processes})
     finally:
         session.close()
         starter.stop_all()

@@ -186,6 +186,7 @@ class FakeTalosNode:
         self.auto_needs_reboot = False
         self.etcd_snapshot_data = b"etcd-snapshot:" + hostname.encode() + b":" + bytes(range(256)) * 10
         self.reboots = 0
+        self.power: list[tuple[float, str]] = []  # (time.monotonic(), "up" or "down"), as it went
         # The 1.13 upgrade API: images pulled, the version the installer put on disk (booted at the next
         # reboot), and what the installer exits with.
         self.pulled_images: list[str] = []
@@ -277,6 +278,7 @@ class FakeTalosNode:
         if mode is not None:
             self.mode = mode
         context = self._tls_context()
+        self.power.append((time.monotonic(), "up"))
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((self.host, self.port))
@@ -299,6 +301,7 @@ class FakeTalosNode:
         """Stop listening and drop open connections, as a powered-off node would."""
         listener, self._listener = self._listener, None
         if listener is not None:
+            self.power.append((time.monotonic(), "down"))
             try:
                 listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in another thread
             except OSError:

@@ -88,20 +88,24 @@ def stand_in_cluster(bundle: dict, layout, *, version_tag: str = "v1.12.6", down
 UPGRADE_RPCS = ("ImageService/Pull", "LifecycleService/Upgrade", "Reboot", "Upgrade")
 
 
-def upgrade_timeline(calls: dict, kube, since: float = 0.0, until: float = float("inf")) -> list[tuple[str, str]]:
-    """(who, what) of each upgrade call a node received (`calls`: name -> RecordedCall list) and each
-    change the Kubernetes stand-in `kube` received (cordon X, evict ns/pod, uncordon X), in the order
-    they came, from `since` to `until` (time.monotonic())."""
+def upgrade_timeline(calls: dict, changes, since: float = 0.0, until: float = float("inf"), *,
+                     by_deployment: bool = False) -> list[tuple[str, str]]:
+    """(who, what) of each upgrade call a node received (`calls`: name -> RecordedCall list) and each change
+    made through the Kubernetes API (`changes`: Change records, as KubeCluster.changes() reads them from the
+    API server's audit log: cordon X, uncordon X, evict namespace/pod), in the order they came, from `since`
+    to `until` (time.monotonic()). `by_deployment`: evicted pods named by their Deployment (a pod is
+    <deployment>-<pod template hash>-<suffix>)."""
     entries = [(call.at, name, call.rpc) for name, received in calls.items() for call in received
                if call.rpc in UPGRADE_RPCS and since <= call.at < until]
-    for at, what, body in kube.changes:
-        if not since <= at < until:
+    for change in changes:
+        if not since <= change.at < until:
             continue
-        if what.startswith("PATCH /api/v1/nodes/"):
-            verb = "cordon" if body["spec"]["unschedulable"] else "uncordon"
-            entries.append((at, "kubernetes", f"{verb} {what.rsplit('/', 1)[-1]}"))
-        else:
-            entries.append((at, "kubernetes", f"evict {body['metadata']['namespace']}/{body['metadata']['name']}"))
+        if (change.verb, change.resource, change.subresource) == ("patch", "nodes", ""):
+            verb = "cordon" if change.body["spec"]["unschedulable"] else "uncordon"
+            entries.append((change.at, "kubernetes", f"{verb} {change.name}"))
+        elif (change.verb, change.resource, change.subresource) == ("create", "pods", "eviction"):
+            pod = change.name.rsplit("-", 2)[0] if by_deployment else change.name
+            entries.append((change.at, "kubernetes", f"evict {change.namespace}/{pod}"))
     return [(who, what) for _, who, what in sorted(entries)]
 
 

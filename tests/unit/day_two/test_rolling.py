@@ -354,7 +354,7 @@ def _kube(kube):
 
 
 def _timeline(fakes, kube) -> list[tuple[str, str]]:
-    return upgrade_timeline({name: fake.calls for name, fake in fakes.items()}, kube)
+    return upgrade_timeline({name: fake.calls for name, fake in fakes.items()}, kube.audit_log)
 
 
 def _current_upgrade(credentials, nodes, stand_in, name, events=None, **kwargs):
