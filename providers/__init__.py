@@ -71,3 +71,10 @@ def operations_lock(talosconfig: Any, what: str, name: Any):
     node down at a time across every process managing the cluster; waits are printed."""
     return cluster_lock.hold(cluster_lock.key_for(talosconfig), f"{what} of {name}",
                              on_wait=lambda message: note(what, f"{name}: {message}"))
+
+
+# In Pulumi's dynamic-provider host (not in the program): end the host once its engine is gone and it is
+# between node steps (engine_watch).
+from providers import engine_watch  # noqa: E402
+
+engine_watch.start_in_provider_host()

@@ -52,6 +52,14 @@ def holder(path: Path) -> str:
     return f"pid {found.get('pid')} ({found.get('what')}, since {since})"
 
 
+_held = [0]  # how many operations locks this process holds now
+
+
+def held_here() -> bool:
+    """Whether this process holds a cluster's operations lock now (a node-down step is under way)."""
+    return _held[0] > 0
+
+
 @contextlib.contextmanager
 def hold(cluster_key: Optional[str], what: str, *, wait_seconds: float = WAIT_SECONDS,
          on_wait: Optional[Callable[[str], None]] = None, directory: Path = LOCK_DIR,
@@ -82,7 +90,11 @@ def hold(cluster_key: Optional[str], what: str, *, wait_seconds: float = WAIT_SE
                 sleep(0.5)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what, "since": time.time()}).encode(), 0)
-        yield
+        _held[0] += 1
+        try:
+            yield
+        finally:
+            _held[0] -= 1
     finally:
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
