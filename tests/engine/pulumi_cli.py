@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
@@ -97,6 +99,26 @@ class CliRun:
         return {}
 
 
+def _in_flight(stdout: str | bytes) -> str:
+    """What a `--json` run that had to be stopped was doing: the steps begun and not finished, and its
+    last progress lines."""
+    text = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout
+    begun, finished, lines = {}, set(), []
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        event = json.loads(line)
+        if "resourcePreEvent" in event:
+            metadata = event["resourcePreEvent"]["metadata"]
+            begun[_name(metadata)] = metadata["op"]
+        elif "resOutputsEvent" in event:
+            finished.add(_name(event["resOutputsEvent"]["metadata"]))
+        elif "diagnosticEvent" in event:
+            lines.append(event["diagnosticEvent"]["message"].rstrip())
+    running = {name: op for name, op in begun.items() if name not in finished}
+    return f"steps still running: {running}; last lines:\n" + "\n".join(lines[-15:])
+
+
 def _name(step: dict) -> str:
     return step["urn"].rsplit("::", 1)[1]
 
@@ -146,8 +168,12 @@ class PulumiProject:
 
     def cli(self, *args: str, check: bool = True, timeout: float = 600, stdin: Optional[str] = None) -> CliRun:
         command = [str(TOOLS / "pulumi"), *args, "--non-interactive", "--cwd", str(self.project)]
-        done = subprocess.run(command, env=self.env(), capture_output=True, text=True, timeout=timeout,
-                              input=stdin)
+        try:
+            done = subprocess.run(command, env=self.env(), capture_output=True, text=True, timeout=timeout,
+                                  input=stdin)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"pulumi {' '.join(args)} still ran after {timeout:g}s; "
+                                 f"{_in_flight(exc.stdout or '')}") from None
         run = CliRun(args, done.returncode, done.stdout, done.stderr)
         if "--json" in args and done.stdout.lstrip().startswith("{"):
             try:
@@ -178,6 +204,37 @@ class PulumiProject:
 
     def up(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("up", "--yes", "--skip-preview", "--json", "--stack", self.stack, *extra, check=check)
+
+    def up_killed(self, when: Callable[[dict], bool], *extra: str, timeout: float = 600) -> CliRun:
+        """`pulumi up` killed with SIGKILL, its whole process group (as a closed laptop lid or a cancelled CI
+        job kills it), as soon as it prints an engine event `when` accepts; the run as far as it got
+        (returncode -9). Plugins the CLI started in process groups of their own live on, as they do then."""
+        command = [str(TOOLS / "pulumi"), "up", "--yes", "--skip-preview", "--json", "--stack", self.stack,
+                   *extra, "--non-interactive", "--cwd", str(self.project)]
+        process = subprocess.Popen(command, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, start_new_session=True)
+        stderr: list[str] = []
+        reader = threading.Thread(target=lambda: stderr.extend(process.stderr), daemon=True)
+        reader.start()
+        timer = threading.Timer(timeout, os.killpg, args=(process.pid, signal.SIGKILL))
+        timer.start()
+        lines, events, killed = [], [], False
+        try:
+            for line in process.stdout:
+                lines.append(line)
+                if not killed and line.startswith("{"):
+                    events.append(json.loads(line))
+                    if when(events[-1]):
+                        os.killpg(process.pid, signal.SIGKILL)
+                        killed = True
+        finally:
+            timer.cancel()
+            process.wait()
+            reader.join(10)
+        run = CliRun(("up", "--json", "(killed)"), process.returncode, "".join(lines), "".join(stderr), events)
+        self.runs.append(run)
+        assert killed, f"pulumi up ended ({process.returncode}) before the event to kill it at:\n{run.output[-3000:]}"
+        return run
 
     def preview(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("preview", "--json", "--stack", self.stack, *extra, check=check)

@@ -1,0 +1,365 @@
+"""Faults: an interrupted or failing `pulumi up` never leaves the cluster worse, and the next up finishes.
+
+The table runs in one engine cluster (real CLI, real Proxmox and Kubernetes plugins, real control plane;
+three control planes and a worker). Each row is an operation and a fault injected into it:
+  kill         the CLI killed with SIGKILL (its process group) when the engine starts a step; then
+               `pulumi cancel` (the lock the killed run left: the CLI asks for exactly that), then `up`;
+  pve          PVE answers one call with one of its real errors (fakepve's catalogue), or a task that fails;
+  talos        a node answers one call with an error;
+  kubernetes   the API server stops answering for a while (SIGSTOP) during a drain.
+After the faulted up, the invariants are checked on the stand-ins' records: never two control planes down at
+once, every control plane still an etcd member, one bootstrap ever, every VM in Pulumi's state and every
+configured node in a VM, no secret in anything the CLI printed or the state holds. Then the fault is
+cleared, the next `pulumi up` runs, and the far side must be exactly what a clean run of the same operation
+left (fingerprint(): the VMs, each node's mode, version and config, etcd, the Kubernetes Nodes, the state's
+resources).
+
+Operations: the first deploy; a Talos roll, which toggles between v1.13.7 and v1.13.8 (allowDowngrade on,
+so that each row starts where the last ended); a worker added and removed. CI runs the rows below, a slice;
+`FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation
+made (see the README's "Faults"), which takes hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import grpc
+import pytest
+
+from tests.engine.cluster import EngineCluster, EngineUp, engine_cluster, engine_stack, secret_texts
+from tests.engine.pulumi_cli import CliRun, PulumiProject
+from tests.stand_ins.talos_api import FakeTalosNode
+
+pytestmark = pytest.mark.engine
+
+CP1, CP2, CP3, WORKER, ADDED = ("fault-cp-1", "fault-cp-2", "fault-cp-3", "fault-worker-1", "fault-worker-2")
+NODES = [(CP1, "controlplane", "127.0.0.102"), (CP2, "controlplane", "127.0.0.103"),
+         (CP3, "controlplane", "127.0.0.104"), (WORKER, "worker", "127.0.0.105")]
+WITH_ADDED = NODES + [(ADDED, "worker", "127.0.0.106")]
+CONTROL_PLANES = (CP1, CP2, CP3)
+VERSIONS = ("v1.13.7", "v1.13.8")
+ADDED_VM = 9100 + 106  # e2e_config: VM ids follow the address
+API_PAUSE_SECONDS = 15
+VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs as (pulumi-proxmoxve 8)
+
+
+@dataclass
+class Fault:
+    """One row: the operation it hits, the kind of fault, where, and how it is made."""
+    operation: str  # "first deploy", "roll", "add", "remove"
+    kind: str  # kill, pve, talos, kubernetes
+    where: str
+    arm: Callable[[EngineCluster], None] = lambda _cluster: None  # before the up
+    kill_when: Optional[Callable[[dict], bool]] = None  # kill: the engine event to kill the CLI at
+    disarm: Callable[[EngineCluster], None] = lambda _cluster: None  # after the faulted up
+
+
+@dataclass
+class Row:
+    fault: Fault
+    faulted: CliRun
+    problems: list[str]  # invariants broken by the faulted up
+    converged: bool  # the next up reached what a clean run reaches
+    difference: dict = field(default_factory=dict)  # fingerprint keys that differ, when not converged
+
+
+def step_starts(name: str, op: str) -> Callable[[dict], bool]:
+    """An engine event: the step `op` of the custom resource `name` begins."""
+    def starts(event: dict) -> bool:
+        metadata = (event.get("resourcePreEvent") or {}).get("metadata") or {}
+        return metadata.get("op") == op and metadata.get("urn", "").endswith(f"::{name}")
+    return starts
+
+
+def talos_error(node: str, rpc: str) -> Callable[[EngineCluster], None]:
+    return lambda cluster: cluster.nodes[node].fail_next(rpc, grpc.StatusCode.UNAVAILABLE, "stand-in: injected")
+
+
+def pause_api_on(node: str, rpc: str) -> tuple[Callable, Callable]:
+    """Arm/disarm: when `node` receives `rpc`, the API server stops answering for API_PAUSE_SECONDS."""
+    def arm(cluster: EngineCluster) -> None:
+        def pausing(fake: FakeTalosNode, request, context):
+            fake.behaviours.pop(rpc, None)
+            cluster.kubernetes.kube.pause_api_server(API_PAUSE_SECONDS)
+            return getattr(FakeTalosNode, "_rpc_" + rpc.replace("/", "_"))(fake, request, context)
+        cluster.nodes[node].behaviours[rpc] = pausing
+
+    return arm, lambda cluster: cluster.nodes[node].behaviours.pop(rpc, None)
+
+
+api_paused, api_resumed = pause_api_on(WORKER, "LifecycleService/Upgrade")
+
+# CI's slice: each kind of fault at least once, each operation at least once.
+FIRST_DEPLOY_FAULT = Fault("first deploy", "kill", f"as the first apply of {CP2} begins",
+                           kill_when=step_starts(f"apply-{CP2}", "create"))
+ROLL_FAULTS = [
+    Fault("roll", "kill", f"as {CP2}'s upgrade begins", kill_when=step_starts(f"lifecycle-{CP2}", "update")),
+    Fault("roll", "talos", f"{CP2} answers its install (LifecycleService/Upgrade) UNAVAILABLE",
+          arm=talos_error(CP2, "LifecycleService/Upgrade")),
+    Fault("roll", "kubernetes", f"the API server stops answering for {API_PAUSE_SECONDS}s as {WORKER}'s drain begins",
+          arm=api_paused, disarm=api_resumed),
+]
+MEMBERSHIP_FAULTS = [
+    Fault("add", "pve", "the VM's create answers 500 (no quorum)",
+          arm=lambda cluster: cluster.pve.fail("POST", "/nodes/pve/qemu", error="no_quorum", times=1)),
+    Fault("remove", "pve", "the VM's destroy task fails (VM is locked (backup))",
+          # the plugin's DELETE path ends with a slash (bpg's client), which PVE takes as the same path
+          arm=lambda cluster: cluster.pve.fail("DELETE", f"/nodes/pve/qemu/{ADDED_VM}/", error="locked", times=1)),
+    Fault("remove", "kill", f"as {ADDED}'s removal begins", kill_when=step_starts(f"lifecycle-{ADDED}", "delete")),
+]
+
+
+class Table:
+    """The cluster, the stack, and the operations as stack configs."""
+
+    def __init__(self, cluster: EngineCluster, project: PulumiProject, tmp):
+        self.cluster, self.project, self.tmp = cluster, project, tmp
+        self.version, self.nodes = VERSIONS[0], NODES
+        self.bootstraps_seen = 0
+        self.rows: list[Row] = []
+        self.references: dict[tuple, dict] = {}  # (version, node names) -> fingerprint after a clean run
+        # operation -> (PVE requests, Talos calls by node, steps begun) of its first clean run
+        self.recorded: dict[str, tuple] = {}
+        self._runs = 0
+
+    def config(self) -> dict:
+        config = engine_stack(self.cluster, self.nodes, self.version, self.tmp / "secrets.yaml")
+        config["cluster"]["allowDowngrade"] = True
+        return config
+
+    def target(self, operation: str) -> None:
+        """Make the stack say what `operation` changes (from where the last up left it)."""
+        if operation == "roll":
+            self.version = VERSIONS[1 - VERSIONS.index(self.version)]
+        elif operation == "add":
+            self.nodes = WITH_ADDED
+        elif operation == "remove":
+            self.nodes = NODES
+        self.project.set_config(self.config())
+
+    def key(self) -> tuple:
+        return self.version, tuple(name for name, _, _ in self.nodes)
+
+    def clean(self, operation: str) -> EngineUp:
+        self.target(operation)
+        self._runs += 1
+        pve_before = len(self.cluster.pve.requests)
+        calls_before = {name: len(fake.calls) for name, fake in self.cluster.nodes.items()}
+        up = self.cluster.deploy(self.project, self.config(), self.tmp / f"render-{self._runs}")
+        self.references.setdefault(self.key(), fingerprint(self.cluster, self.project))
+        self.recorded.setdefault(operation, (
+            self.cluster.pve.requests[pve_before:],
+            {name: fake.calls[calls_before[name]:] for name, fake in self.cluster.nodes.items()},
+            up.up.started()))
+        return up
+
+    def ensure_before(self, operation: str) -> None:
+        """A worker is added only to a cluster without it, removed only from one with it."""
+        names = self.key()[1]
+        if operation == "add" and ADDED in names:
+            self.clean("remove")
+        elif operation == "remove" and ADDED not in names:
+            self.clean("add")
+
+    def faulted(self, fault: Fault) -> Row:
+        if fault.operation != "first deploy":
+            self.target(fault.operation)
+        fault.arm(self.cluster)
+        started = time.monotonic()
+        left_running: list[int] = []
+        if fault.kill_when is not None:
+            run = self.project.up_killed(fault.kill_when)
+            self.project.cli("cancel", "--yes", "--stack", self.project.stack)
+            left_running = provider_hosts_left(self.project)
+        else:
+            run = self.project.up(check=False)
+        fault.disarm(self.cluster)
+        problems = invariants(self.cluster, self.project, run, started, self.key()[1])
+        problems += [f"the killed run's provider host {pid} still runs {HOST_GRACE_SECONDS}s later"
+                     for pid in left_running]
+        converging = self.project.up(check=False)
+        if converging.returncode != 0:
+            problems.append(f"the next up failed: {''.join(converging.diagnostics('error'))[-1500:]}")
+        found = fingerprint(self.cluster, self.project)
+        reference = self.references.get(self.key())
+        difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
+                                                    if reference[k] != found[k]}
+        row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference)
+        self.rows.append(row)
+        return row
+
+
+HOST_GRACE_SECONDS = 60  # for a killed run's provider host to finish the node step it is on and end
+
+
+def provider_hosts_left(project: PulumiProject) -> list[int]:
+    """The dynamic-provider hosts of this project still running HOST_GRACE_SECONDS after its CLI was killed
+    (no CLI of it runs now, so every such host is a killed run's)."""
+    deadline = time.monotonic() + HOST_GRACE_SECONDS
+    while True:
+        hosts = []
+        for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+            try:
+                command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                here = os.readlink(f"/proc/{pid}/cwd") == str(project.project)
+                zombie = open(f"/proc/{pid}/stat").read().split(") ", 1)[1].startswith("Z")
+            except OSError:
+                continue
+            if here and not zombie and b"pulumi.dynamic" in command:
+                hosts.append(pid)
+        if not hosts or time.monotonic() > deadline:
+            return hosts
+        time.sleep(0.5)
+
+
+def fingerprint(cluster: EngineCluster, project: PulumiProject) -> dict:
+    """What a clean run of an operation leaves on the far side and in the state."""
+    nodes = cluster.kubernetes.kube.request("GET", "/api/v1/nodes").json()["items"]
+    return {
+        "vms": sorted((vm.vmid, vm.name, vm.status, str(vm.config.get("cores")), str(vm.config.get("memory")))
+                      for vm in cluster.pve.vms),
+        # the nodes that have a VM: a destroyed VM's disk, and what its node ran, are gone
+        "talos": {name: (fake.mode, fake.version_tag, hashlib.sha256(fake.config or b"").hexdigest()[:16], fake.is_up)
+                  for name, fake in cluster.nodes.items() if name in {vm.name for vm in cluster.pve.vms}},
+        "etcd": {name: sorted(m.hostname for m in cluster.nodes[name].etcd_members) for name in CONTROL_PLANES},
+        "kubernetes": sorted((n["metadata"]["name"], bool(n["spec"].get("unschedulable"))) for n in nodes),
+        "state": sorted(r["urn"].split("::", 2)[2] for r in project.export()["deployment"]["resources"]),
+    }
+
+
+def most_down_at_once(fakes: dict[str, FakeTalosNode], names, since: float) -> int:
+    """The most of `names` down at one moment from `since` on (a node down at `since` counts from then)."""
+    timeline = []
+    for name in names:
+        power = list(fakes[name].power)
+        before = [what for at, what in power if at < since]
+        if before and before[-1] == "down":
+            timeline.append((since, name, "down"))
+        timeline += [(at, name, what) for at, what in power if at >= since]
+    down, most = set(), 0
+    for _, name, what in sorted(timeline):
+        (down.add if what == "down" else down.discard)(name)
+        most = max(most, len(down))
+    return most
+
+
+def first_deploy_done(cluster: EngineCluster, since: float) -> bool:
+    """Whether the cluster ran before `since`: its bootstrap came earlier."""
+    return any(call.at < since for fake in cluster.nodes.values() for call in fake.calls_for("Bootstrap"))
+
+
+def invariants(cluster: EngineCluster, project: PulumiProject, run: CliRun, since: float, names) -> list[str]:
+    problems = []
+    # a first deploy installs every node at once, by design: the cluster does not run yet
+    down = most_down_at_once(cluster.nodes, CONTROL_PLANES, since) if first_deploy_done(cluster, since) else 0
+    if down > 1:
+        problems.append(f"{down} control planes down at once")
+    bootstraps = sum(len(fake.calls_for("Bootstrap")) for fake in cluster.nodes.values())
+    if bootstraps > 1:
+        problems.append(f"{bootstraps} Bootstrap calls")
+    for name in CONTROL_PLANES:
+        members = sorted(m.hostname for m in cluster.nodes[name].etcd_members)
+        if cluster.nodes[name].mode == "configured" and members != sorted(CONTROL_PLANES):
+            problems.append(f"{name} sees etcd members {members}")
+    state = project.export()
+    in_state = {r["outputs"].get("name") for r in state["deployment"]["resources"]
+                if r["type"] == VM_TYPE}
+    in_state |= {(op["resource"].get("outputs") or {}).get("name") or (op["resource"].get("inputs") or {}).get("name")
+                 for op in state["deployment"].get("pending_operations") or ()}
+    for vm in cluster.pve.vms:
+        if vm.name not in in_state:
+            problems.append(f"VM {vm.vmid} ({vm.name}) is in no Pulumi state")
+    vm_names = {vm.name for vm in cluster.pve.vms}
+    for name, fake in cluster.nodes.items():
+        if fake.mode == "configured" and fake.is_up and name not in vm_names:
+            problems.append(f"node {name} runs in no VM")
+    printed = run.output + project.cli("stack", "export", "--stack", project.stack).stdout
+    for secret in secret_texts(cluster):
+        if secret in printed:
+            problems.append("a secret in the CLI's output or the state")
+            break
+    return problems
+
+
+def every_fault(operation: str, recorded: tuple) -> list[Fault]:
+    """FAULT_TABLE=full: a row per step the clean run of `operation` began (kill as it begins), per PVE call
+    it made (a 500, once; the first call of that method and path in the faulted run) and per Talos call a
+    node received (UNAVAILABLE, once), each distinct call once."""
+    requests, calls, started = recorded
+    faults = [Fault(operation, "kill", f"as {op} of {name} begins", kill_when=step_starts(name, op))
+              for op, name in dict.fromkeys(started) if op != "same"]
+    for method, path in dict.fromkeys((method, path.rstrip("/")) for method, path, _ in requests):
+        faults.append(Fault(operation, "pve", f"{method} {path} answers 500",
+                            arm=lambda cluster, m=method, p=path: cluster.pve.fail(m, p, 500, "injected", times=1),
+                            disarm=lambda cluster, m=method, p=path: cluster.pve.failures.pop((m, p), None)))
+    for name, received in calls.items():
+        for rpc in dict.fromkeys(call.rpc for call in received):
+            faults.append(Fault(operation, "talos", f"{name} answers {rpc} UNAVAILABLE", arm=talos_error(name, rpc),
+                                disarm=lambda cluster, n=name, r=rpc: cluster.nodes[n]._failures.pop(r, None)))
+    return faults
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Table:
+    tmp = tmp_path_factory.mktemp("faults")
+    # the worker added later has its stand-in from the start, powered off until its VM is made and started
+    with engine_cluster(tmp, WITH_ADDED, VERSIONS[0]) as (cluster, project):
+        done = Table(cluster, project, tmp)
+        project.set_config(done.config())
+        done.faulted(FIRST_DEPLOY_FAULT)
+        first = fingerprint(cluster, project)
+        done.clean("roll")
+        done.clean("roll")  # back on the first deploy's version: what a clean first deploy leaves, but reboots
+        reference = done.references[done.key()]
+        done.rows[0].difference = {k: (reference[k], first[k]) for k in reference if reference[k] != first[k]}
+        done.rows[0].converged = done.rows[0].converged and not done.rows[0].difference
+        done.clean("add")
+        done.clean("remove")
+        faults = ROLL_FAULTS + MEMBERSHIP_FAULTS
+        if os.environ.get("FAULT_TABLE") == "full":
+            faults += [fault for operation in ("roll", "add", "remove")
+                       for fault in every_fault(operation, done.recorded[operation])]
+        for fault in faults:
+            done.ensure_before(fault.operation)
+            done.faulted(fault)
+        tried = len(done.rows)
+        converged = sum(row.converged for row in done.rows)
+        held = sum(not row.problems for row in done.rows)
+        print(f"\nfault table: {tried} faults tried, {converged} converged, invariants held in {held}")
+        for row in done.rows:
+            print(f"  {row.fault.operation:12} {row.fault.kind:10} {row.fault.where}: "
+                  f"{'converged' if row.converged else 'NOT converged ' + str(sorted(row.difference))}"
+                  f"{'' if not row.problems else '; ' + '; '.join(row.problems)}")
+            for key, (expected, found) in row.difference.items():
+                if isinstance(expected, dict):
+                    expected, found = ({k: v for k, v in d.items() if expected.get(k) != found.get(k)}
+                                       for d in (expected, found))
+                print(f"      {key}: a clean run left {expected}, this one {found}")
+        yield done
+
+
+def test_every_fault_left_the_invariants_holding(table):
+    assert {row.fault.where: row.problems for row in table.rows if row.problems} == {}
+
+
+def test_after_every_fault_the_next_up_reached_what_a_clean_run_reaches(table):
+    assert {row.fault.where: row.difference or "the next up failed" for row in table.rows if not row.converged} == {}
+
+
+def test_the_table_covers_every_operation_and_kind_of_fault(table):
+    assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "add", "remove"}
+    assert {row.fault.kind for row in table.rows} == {"kill", "pve", "talos", "kubernetes"}
+
+
+def test_each_fault_did_strike(table):
+    """A fault that never struck proves nothing: the kills stopped the CLI, the others failed a call."""
+    for row in table.rows:
+        if row.fault.kind == "kill":
+            assert row.faulted.returncode == -9, row.fault.where
+    assert not table.cluster.pve.failures  # each PVE failure was used up
+    assert not any(fake._failures.get("LifecycleService/Upgrade") for fake in table.cluster.nodes.values())
