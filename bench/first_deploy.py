@@ -2,9 +2,9 @@
 changed: wall time, how it grows with the nodes' install time, and the calls the stand-ins received.
 
 The engine tier's setup (tests/engine/): .tools/bin/pulumi runs the program with the language host, the
-dynamic-provider host (which serves four calls at once) and the Proxmox provider stand-in, against
-fakepve and stand-in Talos nodes on 127.0.0.x:50000 that take T seconds from their first apply to
-answering configured. Each size is deployed twice, with T = BASE and T = BASE + extra; the ratio
+dynamic-provider host and the real Proxmox provider plugin, against fakepve, stand-in Talos nodes on
+127.0.0.x:50000 that take T seconds from their first apply to answering configured, and a real
+Kubernetes control plane. Each size is deployed twice, with T = BASE and T = BASE + extra; the ratio
 (up(T2) - up(T1)) / extra says how many install times the up takes beyond its fixed overhead: about 1
 when every node installs at once, whatever the size (nodes waiting in the host's pool of four would
 give about size / 4).
