@@ -242,6 +242,17 @@ class PulumiProject:
     def destroy(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("destroy", "--yes", "--skip-preview", "--json", "--stack", self.stack, *extra, check=check)
 
+    def restore_latest_backup(self) -> None:
+        """What a user does when a killed run cut the state file mid-write ("failed to load checkpoint"):
+        `pulumi stack import` of the newest copy the file backend kept under .pulumi/backups/."""
+        backups = sorted((self.workdir / "state" / ".pulumi" / "backups").rglob(f"{self.stack}.*.json"),
+                         key=lambda path: path.stat().st_mtime)
+        assert backups, "no state backup to restore"
+        checkpoint = json.loads(backups[-1].read_text())  # {"version", "checkpoint": {"stack", "latest"}}
+        deployment = self.workdir / "restored-deployment.json"
+        deployment.write_text(json.dumps({"version": 3, "deployment": checkpoint["checkpoint"]["latest"]}))
+        self.cli("stack", "import", "--force", "--file", str(deployment), "--stack", self.stack)
+
     def export(self) -> dict:
         """The stack's state as `pulumi stack export` prints it (secrets encrypted)."""
         return json.loads(self.cli("stack", "export", "--stack", self.stack).stdout)

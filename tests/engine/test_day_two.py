@@ -268,7 +268,7 @@ def test_failed_upgrade_names_the_failing_node_and_upgrades_no_later_node(ups):
     since = upgrades[CP2][0].at
     until = min(c.at for name in ROLL_ORDER for c in ups["resumed"].new_calls(failed, name))
     assert upgrade_timeline({CP2: failed.new_calls(before, CP2)}, ups["kube"].changes(), since, until,
-                            by_deployment=True) == [
+                            by_deployment=True, namespaces={"default"}) == [
         (CP2, "LifecycleService/Upgrade"), ("kubernetes", f"cordon {CP2}"), ("kubernetes", f"evict default/app-{CP2}"),
         (CP2, "Reboot"), ("kubernetes", f"uncordon {CP2}")]
 

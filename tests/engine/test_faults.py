@@ -66,6 +66,7 @@ class Row:
     problems: list[str]  # invariants broken by the faulted up
     converged: bool  # the next up reached what a clean run reaches
     difference: dict = field(default_factory=dict)  # fingerprint keys that differ, when not converged
+    restored: bool = False  # the kill cut the state file mid-write: restored from the CLI's backup first
 
 
 def step_starts(name: str, op: str) -> Callable[[dict], bool]:
@@ -172,9 +173,15 @@ class Table:
         fault.arm(self.cluster)
         started = time.monotonic()
         left_running: list[int] = []
+        restored = False
         if fault.kill_when is not None:
             run = self.project.up_killed(fault.kill_when)
-            self.project.cli("cancel", "--yes", "--stack", self.project.stack)
+            cancelled = self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
+            if cancelled.returncode != 0 and "failed to load checkpoint" in cancelled.output:
+                # killed while writing the state file: the file backend's own backup of it is the way back
+                self.project.restore_latest_backup()
+                self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
+                restored = True
             left_running = provider_hosts_left(self.project)
         else:
             run = self.project.up(check=False)
@@ -189,7 +196,7 @@ class Table:
         reference = self.references.get(self.key())
         difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
                                                     if reference[k] != found[k]}
-        row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference)
+        row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference, restored)
         self.rows.append(row)
         return row
 
@@ -334,7 +341,8 @@ def table(tmp_path_factory) -> Table:
         for row in done.rows:
             print(f"  {row.fault.operation:12} {row.fault.kind:10} {row.fault.where}: "
                   f"{'converged' if row.converged else 'NOT converged ' + str(sorted(row.difference))}"
-                  f"{'' if not row.problems else '; ' + '; '.join(row.problems)}")
+                  f"{'' if not row.problems else '; ' + '; '.join(row.problems)}"
+                  f"{' (state file cut mid-write: restored from the backend backup)' if row.restored else ''}")
             for key, (expected, found) in row.difference.items():
                 if isinstance(expected, dict):
                     expected, found = ({k: v for k, v in d.items() if expected.get(k) != found.get(k)}

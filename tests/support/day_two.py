@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Callable, Collection, Optional
 
 import pulumi
 import pytest
@@ -89,12 +89,13 @@ UPGRADE_RPCS = ("ImageService/Pull", "LifecycleService/Upgrade", "Reboot", "Upgr
 
 
 def upgrade_timeline(calls: dict, changes, since: float = 0.0, until: float = float("inf"), *,
-                     by_deployment: bool = False) -> list[tuple[str, str]]:
+                     by_deployment: bool = False, namespaces: Optional[Collection[str]] = None) -> list[tuple[str, str]]:
     """(who, what) of each upgrade call a node received (`calls`: name -> RecordedCall list) and each change
     made through the Kubernetes API (`changes`: Change records, as KubeCluster.changes() reads them from the
     API server's audit log: cordon X, uncordon X, evict namespace/pod), in the order they came, from `since`
     to `until` (time.monotonic()). `by_deployment`: evicted pods named by their Deployment (a pod is
-    <deployment>-<pod template hash>-<suffix>)."""
+    <deployment>-<pod template hash>-<suffix>); `namespaces`: only evictions from these (in a real cluster
+    CoreDNS's pods are evicted too, from wherever the scheduler happened to put them)."""
     entries = [(call.at, name, call.rpc) for name, received in calls.items() for call in received
                if call.rpc in UPGRADE_RPCS and since <= call.at < until]
     for change in changes:
@@ -103,7 +104,8 @@ def upgrade_timeline(calls: dict, changes, since: float = 0.0, until: float = fl
         if (change.verb, change.resource, change.subresource) == ("patch", "nodes", ""):
             verb = "cordon" if change.body["spec"]["unschedulable"] else "uncordon"
             entries.append((change.at, "kubernetes", f"{verb} {change.name}"))
-        elif (change.verb, change.resource, change.subresource) == ("create", "pods", "eviction"):
+        elif (change.verb, change.resource, change.subresource) == ("create", "pods", "eviction") and (
+                namespaces is None or change.namespace in namespaces):
             pod = change.name.rsplit("-", 2)[0] if by_deployment else change.name
             entries.append((change.at, "kubernetes", f"evict {change.namespace}/{pod}"))
     return [(who, what) for _, who, what in sorted(entries)]
