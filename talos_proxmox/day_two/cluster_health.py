@@ -122,7 +122,8 @@ def _named(doc: Mapping, section: str, field: str, name: Any) -> Mapping:
 
 class KubeApi:
     """JSON client for the few calls we make: the health check's reads, deleting a removed node,
-    whether a Helm release is deployed, and a drain's cordon, pod list and evictions."""
+    whether a Helm release is deployed, a drain's cordon, pod list and evictions, and the bootstrap
+    manifests' server-side apply."""
 
     def __init__(self, access: KubeAccess, request_timeout: float = REQUEST_TIMEOUT_SECONDS):
         self.server = access.server
@@ -152,6 +153,13 @@ class KubeApi:
     def patch(self, path: str, body: Mapping) -> Optional[dict]:
         """A strategic-merge PATCH of the object at `path` (as kubectl cordon sends); None on 404."""
         return self._request("PATCH", path, body, "application/strategic-merge-patch+json")
+
+    def apply(self, path: str, body: Mapping, field_manager: str) -> Optional[dict]:
+        """Server-side apply of `body` to the object at `path` as `field_manager`, taking over fields other
+        managers hold (force), as Talos applies its manifests; None on 404 (an unknown type)."""
+        separator = "&" if "?" in path else "?"
+        return self._request("PATCH", f"{path}{separator}fieldManager={field_manager}&force=true", body,
+                             "application/apply-patch+yaml")
 
     def post(self, path: str, body: Mapping) -> Optional[dict]:
         """POST `body` to `path` (e.g. a pod's eviction subresource); None on 404."""

@@ -52,6 +52,7 @@ WIPE_MODES = {"all": machine_pb2.ResetRequest.ALL, "system-disk": machine_pb2.Re
               "user-disks": machine_pb2.ResetRequest.USER_DISKS}
 
 # Where `talosctl upgrade` pulls the installer by default (--namespace system).
+CONTAINERD_NAMESPACES = {"system": common_pb2.NS_SYSTEM, "cri": common_pb2.NS_CRI}
 INSTALLER_CONTAINERD = common_pb2.ContainerdInstance(driver=common_pb2.CRI, namespace=common_pb2.NS_SYSTEM)
 # Kubeconfig and other streams can exceed grpcio's 4 MiB default receive limit.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -294,6 +295,13 @@ class TalosClient:
         request = resource_pb2.GetRequest(namespace=namespace, type=type_, id=id_)
         return self._call("Get", request, timeout=timeout, node=node, nodes=None, service="resources").resource
 
+    def list_resources(self, namespace: str, type_: str, *, timeout=None,
+                       node=None) -> list[resource_pb2.Resource]:
+        """Every COSI resource of one type on one node (`talosctl get <type>`), as the node streams them."""
+        request = resource_pb2.ListRequest(namespace=namespace, type=type_)
+        return [reply.resource for reply in self._call("List", request, timeout=timeout, node=node, nodes=None,
+                                                       stream=True, service="resources")]
+
     def machine_status(self, *, timeout=None, node=None) -> dict:
         """The node's MachineStatus spec: `stage` (booting, running, ...) and `status.ready` with its
         unmet conditions — what `talosctl health` reads to see the boot sequence finished."""
@@ -419,6 +427,14 @@ class TalosClient:
             reboot_mode=_choice(reboot_mode, UPGRADE_REBOOT_MODES, "reboot_mode"),
         )
         return self._call("Upgrade", request, timeout=timeout, node=node, nodes=nodes)
+
+    def image_pull(self, reference: str, *, namespace: str, timeout=None,
+                   node=None) -> machine_pb2.ImagePullResponse:
+        """Pull `reference` into the node's containerd: namespace "cri" (Kubernetes' images) or "system"
+        (the kubelet's), as `talosctl upgrade-k8s` pre-pulls (MachineService.ImagePull, every Talos line)."""
+        request = machine_pb2.ImagePullRequest(
+            namespace=_choice(namespace, CONTAINERD_NAMESPACES, "namespace"), reference=reference)
+        return self._call("ImagePull", request, timeout=timeout, node=node, nodes=None)
 
     def pull_image(self, image: str, *, timeout=None, node=None) -> str:
         """Pull `image` into the system containerd (ImageService.Pull, Talos 1.13+); returns the name

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63osi/resource.proto\x12\rcosi.resource\"W\n\x08Metadata\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\"-\n\x04Spec\x12\x12\n\nproto_spec\x18\x01 \x01(\x0c\x12\x11\n\tyaml_spec\x18\x02 \x01(\t\"X\n\x08Resource\x12)\n\x08metadata\x18\x01 \x01(\x0b\x32\x17.cosi.resource.Metadata\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.cosi.resource.Spec\"e\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.cosi.resource.GetOptions\"\x0c\n\nGetOptions\"8\n\x0bGetResponse\x12)\n\x08resource\x18\x01 \x01(\x0b\x32\x17.cosi.resource.Resource2E\n\x05State\x12<\n\x03Get\x12\x19.cosi.resource.GetRequest\x1a\x1a.cosi.resource.GetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x63osi/resource.proto\x12\rcosi.resource\"W\n\x08Metadata\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\r\n\x05phase\x18\x06 \x01(\t\"-\n\x04Spec\x12\x12\n\nproto_spec\x18\x01 \x01(\x0c\x12\x11\n\tyaml_spec\x18\x02 \x01(\t\"X\n\x08Resource\x12)\n\x08metadata\x18\x01 \x01(\x0b\x32\x17.cosi.resource.Metadata\x12!\n\x04spec\x18\x02 \x01(\x0b\x32\x13.cosi.resource.Spec\"e\n\nGetRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12*\n\x07options\x18\x04 \x01(\x0b\x32\x19.cosi.resource.GetOptions\"\x0c\n\nGetOptions\"8\n\x0bGetResponse\x12)\n\x08resource\x18\x01 \x01(\x0b\x32\x17.cosi.resource.Resource\"[\n\x0bListRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12+\n\x07options\x18\x03 \x01(\x0b\x32\x1a.cosi.resource.ListOptions\"\r\n\x0bListOptions\"9\n\x0cListResponse\x12)\n\x08resource\x18\x01 \x01(\x0b\x32\x17.cosi.resource.Resource2\x88\x01\n\x05State\x12<\n\x03Get\x12\x19.cosi.resource.GetRequest\x1a\x1a.cosi.resource.GetResponse\x12\x41\n\x04List\x12\x1a.cosi.resource.ListRequest\x1a\x1b.cosi.resource.ListResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,6 +43,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETOPTIONS']._serialized_end=379
   _globals['_GETRESPONSE']._serialized_start=381
   _globals['_GETRESPONSE']._serialized_end=437
-  _globals['_STATE']._serialized_start=439
-  _globals['_STATE']._serialized_end=508
+  _globals['_LISTREQUEST']._serialized_start=439
+  _globals['_LISTREQUEST']._serialized_end=530
+  _globals['_LISTOPTIONS']._serialized_start=532
+  _globals['_LISTOPTIONS']._serialized_end=545
+  _globals['_LISTRESPONSE']._serialized_start=547
+  _globals['_LISTRESPONSE']._serialized_end=604
+  _globals['_STATE']._serialized_start=607
+  _globals['_STATE']._serialized_end=743
 # @@protoc_insertion_point(module_scope)

@@ -56,3 +56,23 @@ class GetResponse(_message.Message):
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     resource: Resource
     def __init__(self, resource: _Optional[_Union[Resource, _Mapping]] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("namespace", "type", "options")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    type: str
+    options: ListOptions
+    def __init__(self, namespace: _Optional[str] = ..., type: _Optional[str] = ..., options: _Optional[_Union[ListOptions, _Mapping]] = ...) -> None: ...
+
+class ListOptions(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("resource",)
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    resource: Resource
+    def __init__(self, resource: _Optional[_Union[Resource, _Mapping]] = ...) -> None: ...

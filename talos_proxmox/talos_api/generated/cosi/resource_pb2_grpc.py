@@ -39,12 +39,23 @@ class StateStub:
                 request_serializer=cosi_dot_resource__pb2.GetRequest.SerializeToString,
                 response_deserializer=cosi_dot_resource__pb2.GetResponse.FromString,
                 _registered_method=True)
+        self.List = channel.unary_stream(
+                '/cosi.resource.State/List',
+                request_serializer=cosi_dot_resource__pb2.ListRequest.SerializeToString,
+                response_deserializer=cosi_dot_resource__pb2.ListResponse.FromString,
+                _registered_method=True)
 
 
 class StateServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -57,6 +68,11 @@ def add_StateServicer_to_server(servicer, server):
                     servicer.Get,
                     request_deserializer=cosi_dot_resource__pb2.GetRequest.FromString,
                     response_serializer=cosi_dot_resource__pb2.GetResponse.SerializeToString,
+            ),
+            'List': grpc.unary_stream_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=cosi_dot_resource__pb2.ListRequest.FromString,
+                    response_serializer=cosi_dot_resource__pb2.ListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +102,33 @@ class State:
             '/cosi.resource.State/Get',
             cosi_dot_resource__pb2.GetRequest.SerializeToString,
             cosi_dot_resource__pb2.GetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cosi.resource.State/List',
+            cosi_dot_resource__pb2.ListRequest.SerializeToString,
+            cosi_dot_resource__pb2.ListResponse.FromString,
             options,
             channel_credentials,
             insecure,

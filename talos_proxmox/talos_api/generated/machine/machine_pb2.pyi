@@ -203,6 +203,26 @@ class UpgradeResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[Upgrade]
     def __init__(self, messages: _Optional[_Iterable[_Union[Upgrade, _Mapping]]] = ...) -> None: ...
 
+class ImagePullRequest(_message.Message):
+    __slots__ = ("namespace", "reference")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    namespace: _common_pb2.ContainerdNamespace
+    reference: str
+    def __init__(self, namespace: _Optional[_Union[_common_pb2.ContainerdNamespace, str]] = ..., reference: _Optional[str] = ...) -> None: ...
+
+class ImagePull(_message.Message):
+    __slots__ = ("metadata",)
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    metadata: _common_pb2.Metadata
+    def __init__(self, metadata: _Optional[_Union[_common_pb2.Metadata, _Mapping]] = ...) -> None: ...
+
+class ImagePullResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ImagePull]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ImagePull, _Mapping]]] = ...) -> None: ...
+
 class ServiceList(_message.Message):
     __slots__ = ("metadata", "services")
     METADATA_FIELD_NUMBER: _ClassVar[int]

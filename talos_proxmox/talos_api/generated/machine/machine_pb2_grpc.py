@@ -66,6 +66,11 @@ class MachineServiceStub:
                 request_serializer=machine_dot_machine__pb2.EtcdSnapshotRequest.SerializeToString,
                 response_deserializer=common_dot_common__pb2.Data.FromString,
                 _registered_method=True)
+        self.ImagePull = channel.unary_unary(
+                '/machine.MachineService/ImagePull',
+                request_serializer=machine_dot_machine__pb2.ImagePullRequest.SerializeToString,
+                response_deserializer=machine_dot_machine__pb2.ImagePullResponse.FromString,
+                _registered_method=True)
         self.Kubeconfig = channel.unary_stream(
                 '/machine.MachineService/Kubeconfig',
                 request_serializer=google_dot_protobuf_dot_empty__pb2.Empty.SerializeToString,
@@ -138,6 +143,14 @@ class MachineServiceServicer:
 
     def EtcdSnapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImagePull(self, request, context):
+        """Deprecated upstream (removal planned for v1.18) and what `talosctl upgrade-k8s` pre-pulls with,
+        on every Talos line we support (ImageService.Pull is 1.13+).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -218,6 +231,11 @@ def add_MachineServiceServicer_to_server(servicer, server):
                     servicer.EtcdSnapshot,
                     request_deserializer=machine_dot_machine__pb2.EtcdSnapshotRequest.FromString,
                     response_serializer=common_dot_common__pb2.Data.SerializeToString,
+            ),
+            'ImagePull': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImagePull,
+                    request_deserializer=machine_dot_machine__pb2.ImagePullRequest.FromString,
+                    response_serializer=machine_dot_machine__pb2.ImagePullResponse.SerializeToString,
             ),
             'Kubeconfig': grpc.unary_stream_rpc_method_handler(
                     servicer.Kubeconfig,
@@ -417,6 +435,33 @@ class MachineService:
             '/machine.MachineService/EtcdSnapshot',
             machine_dot_machine__pb2.EtcdSnapshotRequest.SerializeToString,
             common_dot_common__pb2.Data.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImagePull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/machine.MachineService/ImagePull',
+            machine_dot_machine__pb2.ImagePullRequest.SerializeToString,
+            machine_dot_machine__pb2.ImagePullResponse.FromString,
             options,
             channel_credentials,
             insecure,
