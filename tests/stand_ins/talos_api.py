@@ -64,7 +64,31 @@ STATE_SERVICE = resource_pb2.DESCRIPTOR.services_by_name["State"]
 QUALIFIED_SERVICES = (image_pb2.DESCRIPTOR.services_by_name["ImageService"],
                       lifecycle_pb2.DESCRIPTOR.services_by_name["LifecycleService"])
 MAINTENANCE_RPCS = {"ApplyConfiguration", "Version"}
-READER_RPCS = {"Version", "ServiceList", "EtcdMemberList", "Get"}
+READER_RPCS = {"Version", "ServiceList", "EtcdMemberList", "Get", "List"}
+# The controlplane config resource Talos renders each static pod from, by type.
+STATIC_POD_RESOURCES = {"APIServerConfigs.kubernetes.talos.dev": "kube-apiserver",
+                        "ControllerManagerConfigs.kubernetes.talos.dev": "kube-controller-manager",
+                        "SchedulerConfigs.kubernetes.talos.dev": "kube-scheduler"}
+# Each component's image in a configuration: v1alpha1's path, or Talos 1.14's document of its own.
+_IMAGE_PLACES = {"kube-apiserver": (("cluster", "apiServer"), "KubeAPIServerConfig"),
+                 "kube-controller-manager": (("cluster", "controllerManager"), "KubeControllerManagerConfig"),
+                 "kube-scheduler": (("cluster", "scheduler"), "KubeSchedulerConfig"),
+                 "kube-proxy": (("cluster", "proxy"), "KubeProxyConfig"),
+                 "kubelet": (("machine", "kubelet"), "KubeletConfig")}
+
+
+def config_images(documents: list[dict]) -> dict[str, str]:
+    """component -> image, as a configuration gives them (written here from Talos's config reference, not
+    from the program's code, so a mistake on either side shows)."""
+    found = {}
+    for component, (path, kind) in _IMAGE_PLACES.items():
+        for doc in documents:
+            holder = doc if doc.get("kind") == kind else None
+            if holder is None and doc.get("version") == "v1alpha1":
+                holder = (doc.get(path[0]) or {}).get(path[1])
+            if isinstance(holder, dict) and holder.get("image"):
+                found[component] = holder["image"]
+    return found
 Mode = machine_pb2.ApplyConfigurationRequest
 
 
@@ -190,6 +214,18 @@ class FakeTalosNode:
         # The 1.13 upgrade API: images pulled, the version the installer put on disk (booted at the next
         # reboot), and what the installer exits with.
         self.pulled_images: list[str] = []
+        # MachineService.ImagePull (what upgrade-k8s pre-pulls with): (containerd namespace name, reference).
+        self.image_pulls: list[tuple[str, str]] = []
+        # The static pods Talos renders from a control plane's configuration: each component's image and
+        # the version of its controlplane config resource (bumped when the image changes), and each change
+        # as it came, (time.monotonic(), component, image). `on_static_pod(node, component, image, version)`
+        # plays the kubelet running the new pod; `on_kubelet(node, image)` a kubelet restarted on a new image.
+        self.static_pods: dict[str, tuple[str, int]] = {}
+        self.static_pod_updates: list[tuple[float, str, str]] = []
+        self.on_static_pod: Callable[["FakeTalosNode", str, str, int], None] | None = None
+        self.on_kubelet: Callable[["FakeTalosNode", str], None] | None = None
+        # The controlplane Manifests resources: (id, objects) pairs, or a function of the node giving them.
+        self.manifests: Callable[["FakeTalosNode"], list[tuple[str, list[dict]]]] | None = None
         self.installed_tag: str | None = None
         self.installer_exit_code = 0
         # Called once the node has powered itself off (Shutdown), e.g. by the VM it runs in.
@@ -480,6 +516,13 @@ class FakeTalosNode:
                 metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=request.id,
                                                version="1", phase="running"),
                 spec=resource_pb2.Spec(yaml_spec=self.config.decode())))
+        if request.namespace == "controlplane" and STATIC_POD_RESOURCES.get(request.type) == request.id \
+                and request.id in self.static_pods:
+            image, version = self.static_pods[request.id]
+            return resource_pb2.GetResponse(resource=resource_pb2.Resource(
+                metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=request.id,
+                                               version=str(version), phase="running"),
+                spec=resource_pb2.Spec(yaml_spec=yaml.safe_dump({"image": image}))))
         if (request.namespace, request.type, request.id) != ("runtime", "MachineStatuses.runtime.talos.dev", "machine"):
             context.abort(grpc.StatusCode.NOT_FOUND, f"resource {request.type}/{request.id} doesn't exist")
         spec = {"stage": self.machine_stage, "status": {
@@ -489,6 +532,47 @@ class FakeTalosNode:
             metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=request.id,
                                            version="3", phase="running"),
             spec=resource_pb2.Spec(yaml_spec=yaml.safe_dump(spec))))
+
+    def _rpc_List(self, request, context):
+        """COSI State.List: the control plane's Manifests resources (a spec is the list of its objects)."""
+        if (request.namespace, request.type) != ("controlplane", "Manifests.kubernetes.talos.dev"):
+            return
+        for id_, objects in (self.manifests(self) if self.manifests else []):
+            yield resource_pb2.ListResponse(resource=resource_pb2.Resource(
+                metadata=resource_pb2.Metadata(namespace=request.namespace, type=request.type, id=id_, version="1",
+                                               phase="running"),
+                spec=resource_pb2.Spec(yaml_spec=yaml.safe_dump(objects))))
+
+    def _rpc_ImagePull(self, request, context):
+        self.image_pulls.append((common_pb2.ContainerdNamespace.Name(request.namespace), request.reference))
+        return machine_pb2.ImagePullResponse(messages=[machine_pb2.ImagePull()])
+
+    def _config_taken(self, config: bytes) -> None:
+        """What Talos's controllers do with a configuration the node runs: a control plane renders its static
+        pods (a new version of a component's config resource when its image changes); the kubelet restarts
+        on a new image."""
+        try:
+            documents = [d for d in yaml.safe_load_all(config) if isinstance(d, dict)]
+        except yaml.YAMLError:
+            return
+        images = config_images(documents)
+        kubelet_before = getattr(self, "_kubelet_image", None)
+        self._kubelet_image = images.get("kubelet")
+        if kubelet_before is not None and images.get("kubelet") != kubelet_before and self.on_kubelet:
+            self.on_kubelet(self, images["kubelet"])
+        if not any(d.get("version") == "v1alpha1" and (d.get("machine") or {}).get("type") == "controlplane"
+                   for d in documents):
+            return
+        for component in STATIC_POD_RESOURCES.values():
+            image = images.get(component)
+            before = self.static_pods.get(component)
+            if image is None or (before and before[0] == image):
+                continue
+            version = before[1] + 1 if before else 1
+            self.static_pods[component] = (image, version)
+            self.static_pod_updates.append((time.monotonic(), component, image))
+            if self.on_static_pod:
+                self.on_static_pod(self, component, image, version)
 
     def _rpc_Version(self, request, context):
         return machine_pb2.VersionResponse(messages=[machine_pb2.Version(
@@ -519,6 +603,7 @@ class FakeTalosNode:
             self.staged_config = request.data
         else:
             self.config = request.data
+            self._config_taken(request.data)
         if mode == Mode.TRY:
             timeout = request.try_mode_timeout.ToTimedelta() if request.HasField("try_mode_timeout") else "1m0s"
             details += f"\nThe config is applied in 'try' mode and will be automatically reverted back in {timeout}"
@@ -535,6 +620,7 @@ class FakeTalosNode:
         def apply_staged():
             if self.staged_config is not None:
                 self.config, self.staged_config = self.staged_config, None
+                self._config_taken(self.config)
         apply_staged()
         self.reboot(self.install_downtime)
         if self.installed_tag is not None:
