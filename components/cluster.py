@@ -2,7 +2,8 @@
 
     image (schematic + ISO in Proxmox)
     secrets ──┬─ talosconfig
-              └─ node changes (checked) -> node x N: VM -> machine config -> apply (insecure first)
+              └─ node changes (checked) -> node x N: VM -> machine config -> lifecycle
+                 -> Kubernetes upgrade (all nodes) -> apply x N (insecure first)
     bootstrap (first control plane, after its apply) -> kubeconfig -> Kubernetes provider -> add-ons
 
 Everything is a child of the cluster component, so `pulumi preview` reads as that tree.
@@ -27,6 +28,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
 )
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.settings.model import Settings
+from providers.kubernetes_upgrade import KubernetesUpgrade
 from providers.node_lifecycle import NodeChanges
 from providers.talos_operations import Bootstrap, Kubeconfig, NodesInstalled
 from providers.secrets import MachineSecrets
@@ -83,6 +85,18 @@ class TalosCluster(pulumi.ComponentResource):
                 opts=child)
             previous = self.nodes[node.name]
 
+        # A Kubernetes version change, as talosctl upgrade-k8s makes it, after every node's Talos upgrade and
+        # before any node's apply; the bootstrap manifests' sync after it or a Talos version change.
+        self.kubernetes_upgrade = KubernetesUpgrade(
+            "kubernetes-upgrade", kubernetes_version=c.kubernetes_version, talos_version=c.talos_version,
+            nodes=[{"name": n.name, "address": n.address, "role": n.role} for n in rolled_nodes],
+            configurations={name: node.machine_configuration.machine_configuration
+                            for name, node in self.nodes.items()},
+            talosconfig=self.talosconfig_resource.talosconfig, timeout_seconds=settings.lifecycle.timeout_seconds,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[node.lifecycle for node in self.nodes.values()]))
+        for node in self.nodes.values():
+            node.send_configuration(after=self.kubernetes_upgrade)
+
         # Every node installs at once after its first apply; this waits for all of them together.
         self.nodes_installed = NodesInstalled(
             "nodes-installed",
@@ -118,7 +132,8 @@ class TalosCluster(pulumi.ComponentResource):
             "talos-proxmox:index:DeletionProtection", "deletion-protection", None, pulumi.ResourceOptions(
                 parent=self, protect=c.deletion_protection,
                 depends_on=[self.image, self.secrets, self.talosconfig_resource, self.node_changes,
-                            *self.nodes.values(), self.nodes_installed, self.bootstrap, self.kubeconfig_resource,
+                            *self.nodes.values(), self.kubernetes_upgrade, self.nodes_installed, self.bootstrap,
+                            self.kubeconfig_resource,
                             self.addons, *([self.k8s_provider] if self.k8s_provider is not None else [])]))
         self.deletion_protection.register_outputs({})
 

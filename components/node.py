@@ -132,8 +132,8 @@ class TalosNode(pulumi.ComponentResource):
     `node_changes` is the cluster's NodeChanges: the VM waits for its check.
     `previous` is the node before this one in roll order (control planes first): its lifecycle must
     finish before this node's, so upgrades run one node at a time. `position` ("2 of 4") is its place
-    in that order, for progress lines. Parts: `vm`,
-    `machine_configuration`, `lifecycle`, `apply`.
+    in that order, for progress lines. Parts: `vm`, `machine_configuration`, `lifecycle`, and `apply`
+    once `send_configuration` has made it.
     """
 
     def __init__(
@@ -152,6 +152,7 @@ class TalosNode(pulumi.ComponentResource):
         opts: Optional[pulumi.ResourceOptions] = None,
     ) -> None:
         super().__init__("talos-proxmox:index:TalosNode", name, None, opts)
+        self._name = name
         child = pulumi.ResourceOptions(parent=self)
         c = settings.cluster
 
@@ -167,24 +168,29 @@ class TalosNode(pulumi.ComponentResource):
         # id as an input makes it go (and come back) with a replaced VM too.
         self.lifecycle = NodeLifecycle(
             f"lifecycle-{name}", node_name=node.name, address=node.ip, role=node.role,
-            installer_image=installer_image, talos_version=c.talos_version,
-            kubernetes_version=c.kubernetes_version,
-            machine_configuration=self.machine_configuration.machine_configuration, talosconfig=talosconfig,
+            installer_image=installer_image, talos_version=c.talos_version, talosconfig=talosconfig,
             timeout_seconds=settings.lifecycle.timeout_seconds, reset_on_delete=settings.lifecycle.reset_on_delete,
             etcd_snapshots=etcd_snapshot_inputs(settings),
             vm=vm_facts(settings, node), vm_id=self.vm.vm_id, position=position,
             opts=pulumi.ResourceOptions(
                 parent=self, depends_on=[self.vm, *([previous.lifecycle] if previous else [])]))
 
-        # The VM must exist (and boot the ISO) before anything can be sent to its Talos API; after the
-        # lifecycle, so that a version change reaches nodes one at a time through it first.
+        self._talosconfig = talosconfig
+        self._role = node.role
+        self._ip = node.ip
+
+    def send_configuration(self, after: pulumi.Resource) -> None:
+        """The apply that sends the node its configuration, after `after` (the cluster's KubernetesUpgrade,
+        which runs after every node's lifecycle): a configuration that needs the new Talos or Kubernetes
+        reaches the node only once the upgrade has brought it there, one node at a time."""
+        # The VM must exist (and boot the ISO) before anything can be sent to its Talos API.
         self.apply = ConfigurationApply(
-            f"apply-{name}",
-            node=node.ip,
+            f"apply-{self._name}",
+            node=self._ip,
             machine_configuration=self.machine_configuration.machine_configuration,
-            talosconfig=talosconfig,
+            talosconfig=self._talosconfig,
             vm_id=self.vm.vm_id,
-            role=node.role,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, self.lifecycle]),
+            role=self._role,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.vm, self.lifecycle, after]),
         )
-        self.register_outputs({"vm_id": self.vm.vm_id, "ip": node.ip})
+        self.register_outputs({"vm_id": self.vm.vm_id, "ip": self._ip})

@@ -5,8 +5,6 @@
 - update, installer image changed: `rolling.upgrade_node` (on Talos 1.13+ pull and install, drain through
   the Kubernetes API a control plane's kubeconfig reaches, reboot, uncordon; before, MachineService.Upgrade;
   either way back healthy on the new Talos version).
-- update, Kubernetes version changed: the node's new configuration is applied (mTLS, auto) and the
-  node must be healthy again before the update returns.
 - update, cores, memory or CPU type changed: `vm_hardware.apply_hardware` (healthy, a Talos shutdown
   that drains the node, a Proxmox start that applies the VM's pending config, healthy again), through the Proxmox API with the provider's
   own credentials (proxmoxve:* config or PROXMOX_VE_* variables, read in `configure`).
@@ -19,9 +17,9 @@
 One at a time, control planes first, comes from how the resources are wired, not from here: each
 node's NodeLifecycle depends on the previous node's in `rolling.roll_order`, so Pulumi runs the
 updates one after another and a failed node stops every later one. The node's ConfigurationApply
-depends on its NodeLifecycle, so a Kubernetes version change reaches each node through this serial
-apply first (ConfigurationApply then re-sends the same bytes, which Talos takes as no change) instead
-of through all applies at once; creation stays concurrent because creates here are no-ops. Each
+depends on its NodeLifecycle, so a configuration that needs the new Talos reaches the node after its
+upgrade; creation stays concurrent because creates here are no-ops. (A Kubernetes version change is the
+cluster's KubernetesUpgrade, which runs after every NodeLifecycle.) Each
 NodeLifecycle also depends on its VM, so removing a node deletes it, with etcd leave and reset,
 before the VM is destroyed. It takes the VM's id as an input for the same reason: the VM is replaced
 delete-before-replace, and the engine then deletes first every dependent whose diff, with that id
@@ -58,7 +56,7 @@ from talos_proxmox.talos_api import errors, operations
 from talos_proxmox.talos_api.client import read_talosconfig, split_endpoint
 
 DEFAULT_TIMEOUT_SECONDS = float(DEFAULT_LIFECYCLE_TIMEOUT_SECONDS)
-INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version", "kubernetes_version",
+INPUTS = ("node_name", "address", "endpoint", "role", "installer_image", "talos_version",
           "timeout_seconds", "reset_on_delete", "etcd_snapshots", "vm", "vm_id", "vm_replacement", "position",
           "talosconfig")
 # Recorded by lifecycles that take a replaced VM as a node removed and added. An older state (without it)
@@ -134,19 +132,6 @@ def upgrade_step(props: dict[str, Any]) -> None:
                              before_upgrade=lambda: snapshot_first(client, node, props, event), kube=kube)
 
 
-def kubernetes_step(props: dict[str, Any]) -> None:
-    node = _node(props)
-    try:
-        operations.apply_machine_configuration(
-            node.address, props["machine_configuration"], props["talosconfig"], endpoint=node.dial, mode="auto",
-            insecure_first=False, timeout=_timeout(props))
-    except Exception as exc:  # noqa: BLE001 - named by node for the roll's error
-        raise rolling.RollError(node, f"applying the configuration for Kubernetes "
-                                      f"{props.get('kubernetes_version')} failed: {exc}") from None
-    with rolling.client_for(node, props["talosconfig"]) as client:
-        rolling.wait_healthy(client, node, timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF)
-
-
 def hardware_step(props: dict[str, Any], changes: dict[str, tuple], proxmox: ProxmoxAccess) -> None:
     node = _node(props)
     vm = vms.VmRef(props["vm"]["host"], int(props["vm_id"]))
@@ -206,14 +191,11 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         upgrade = olds.get("installer_image") != news.get("installer_image")
-        kubernetes = olds.get("kubernetes_version") != news.get("kubernetes_version")
         changes = vm_hardware.hardware_changes(olds.get("vm"), news.get("vm") or {})
-        if upgrade or kubernetes or changes:
+        if upgrade or changes:
             with _operations_lock(news, "roll"):
                 if upgrade:
                     upgrade_step(news)
-                if kubernetes:
-                    kubernetes_step(news)
                 if changes:
                     hardware_step(news, changes, self._proxmox(_node(news)))
         return dynamic.UpdateResult(outs=_outputs(news))
@@ -292,7 +274,7 @@ def delete_kubernetes_node(node: rolling.RollNode, peers, talosconfig, timeout: 
 
 
 class NodeLifecycle(dynamic.Resource):
-    """A node's upgrades (Talos installer image, Kubernetes version) and its removal from the cluster.
+    """A node's Talos upgrades and hardware rolls, and its removal from the cluster.
 
     Wire it with depends_on=[the node's VM, the previous node's NodeLifecycle in roll order], and
     make the node's ConfigurationApply depend on it (see the module docstring). The talosconfig's
@@ -303,11 +285,9 @@ class NodeLifecycle(dynamic.Resource):
     node_name: pulumi.Output[str]
     installer_image: pulumi.Output[str]
     talos_version: pulumi.Output[str]
-    kubernetes_version: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, *, node_name: str, address: pulumi.Input[str], role: str,
                  installer_image: pulumi.Input[str], talos_version: pulumi.Input[str],
-                 kubernetes_version: pulumi.Input[Optional[str]], machine_configuration: pulumi.Input[str],
                  talosconfig: pulumi.Input[str], endpoint: Optional[pulumi.Input[str]] = None,
                  timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  reset_on_delete: bool = True, etcd_snapshots: Optional[dict] = None,
@@ -316,17 +296,15 @@ class NodeLifecycle(dynamic.Resource):
         props = {
             "node_name": node_name, "address": address, "endpoint": endpoint, "role": role,
             "installer_image": installer_image, "talos_version": talos_version,
-            "kubernetes_version": kubernetes_version,
             "timeout_seconds": timeout_seconds, "reset_on_delete": reset_on_delete,
             # {directory, keep, cluster} or None; the directory as the stack says (relative to the project).
             "etcd_snapshots": etcd_snapshots,
             # The VM as the stack says it (resource_inputs.vm_facts), the id Proxmox gave it, "n of N".
             "vm": vm, "vm_id": vm_id, "vm_replacement": REMOVE_AND_ADD, "position": position,
-            "machine_configuration": pulumi.Output.secret(machine_configuration),
             "talosconfig": pulumi.Output.secret(talosconfig),
         }
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
-            additional_secret_outputs=["talosconfig", "machine_configuration"]))
+            additional_secret_outputs=["talosconfig"]))
         super().__init__(NodeLifecycleProvider(), name, props, opts)
 
 

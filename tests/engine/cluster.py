@@ -13,8 +13,12 @@ plane's Kubeconfig RPC hands out an admin kubeconfig for it (client certificate 
 issued by that CA, as Talos signs it), and what the program does with it is in the API server's audit log
 (KubeCluster.changes()); each node registers its Node once configured (control planes labelled and
 tainted as Talos's kubelet registers them, with their static pods' mirror pods) and gets a workload, a
-one-pod Deployment `app-<node>` pinned to it, which drains evict; the
-Bootstrap RPC makes CoreDNS as Talos's bootstrap manifests do. Two controllers of the charts are played
+one-pod Deployment `app-<node>` pinned to it, which drains evict. Each control plane serves the Manifests
+resources Talos renders (`talos_manifests`: kube-proxy, CoreDNS at its Talos line's version), and the
+Bootstrap RPC creates their objects once, as Talos does. The kubelets are played where a Kubernetes upgrade
+looks: a Node registers with its address and the kubelet version of its configuration (updated when a new
+configuration changes the kubelet's image), and a control plane's mirror pods carry the image and the
+`talos.dev/config-version` of the static pod Talos last rendered. Two controllers of the charts are played
 too, as no container runs: Cilium's operator registers its LB-IPAM CRDs (Cilium's own CRD files at the
 chart's release, .tools/cilium-crds) once its pod is scheduled, and the CCM's node controller lifts the
 `node.cloudprovider.kubernetes.io/uninitialized` taint, which each node registers with when the stack runs
@@ -55,7 +59,7 @@ from tests.engine.pulumi_cli import CliRun, PulumiProject, missing_tools
 from tests.stand_ins.image_factory import StandInFactory
 from tests.program.mocked_program import stack_config
 from tests.stand_ins.proxmox_ve import ProxmoxStandIn, serve_proxmox
-from tests.stand_ins.talos_api import FakeTalosNode, RecordedCall
+from tests.stand_ins.talos_api import FakeTalosNode, RecordedCall, config_images
 
 TALOS_API_PORT = 50000
 # Where the stacks' lifecycles keep etcd snapshots (lifecycle.etcdSnapshots.directory).
@@ -287,6 +291,66 @@ TALOS_SERVICE_ACCOUNT_CRD = {
                                    "failureReason": {"type": "string"}}}}}}}]}}
 
 
+# The CoreDNS each Talos line renders when the configuration names none (constants.DefaultCoreDNSVersion of the
+# line's newest release we know of; the stand-in does not tell patch releases apart).
+COREDNS_BY_TALOS_LINE = {"v1.12": "v1.14.2", "v1.13": "v1.14.6", "v1.14": "v1.14.7"}
+COREDNS_IMAGE = "registry.k8s.io/coredns/coredns"
+
+
+def _tag(image: str) -> str:
+    return image.rsplit(":", 1)[-1] if ":" in image else ""
+
+
+def node_images(node: FakeTalosNode) -> dict[str, str]:
+    """component -> image in the configuration the node runs (the stand-in's own reading of it)."""
+    return config_images([d for d in yaml.safe_load_all(node.config or b"") if isinstance(d, dict)])
+
+
+def talos_manifests(node: FakeTalosNode) -> list[tuple[str, list[dict]]]:
+    """The Manifests resources a control plane renders from its configuration and Talos version, as far as
+    anything here runs them: kube-proxy (unless disabled), CoreDNS (two replicas that tolerate the control
+    planes' taint; its Service, config and RBAC left out), and with the Talos API access feature on (the
+    CCM's), Talos's ServiceAccount CRD, which the CCM chart makes an object of. (Talos's controller
+    answering such an object with a Secret holding a talosconfig is not played.)"""
+    config = node.config or b""
+    documents = [d for d in yaml.safe_load_all(config) if isinstance(d, dict)]
+    v1alpha1 = next((d for d in documents if d.get("version") == "v1alpha1"), {})
+    cluster = v1alpha1.get("cluster") or {}
+    images = node_images(node)
+    line = ".".join(node.version_tag.split(".")[:2])
+    coredns = (cluster.get("coreDNS") or {}).get("image") or f"{COREDNS_IMAGE}:{COREDNS_BY_TALOS_LINE.get(line, 'v1.14.7')}"
+    manifests = []
+    proxy_document = next((d for d in documents if d.get("kind") == "KubeProxyConfig"), {})
+    proxy_off = (cluster.get("proxy") or {}).get("disabled") or proxy_document.get("enabled") is False
+    if not proxy_off and images.get("kube-proxy"):
+        labels = {"k8s-app": "kube-proxy"}
+        manifests.append(("10-kube-proxy", [{
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "kube-proxy", "namespace": "kube-system", "labels": {"tier": "node", **labels}},
+            "spec": {"selector": {"matchLabels": labels}, "updateStrategy": {"type": "RollingUpdate"},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "hostNetwork": True, "priorityClassName": "system-node-critical",
+                         "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "kube-proxy", "image": images["kube-proxy"],
+                                         "command": ["/usr/local/bin/kube-proxy"]}]}}}}]))
+    labels = {"k8s-app": "kube-dns"}
+    manifests.append(("11-core-dns", [{
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {**labels, "kubernetes.io/name": "CoreDNS"}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+                 "template": {"metadata": {"labels": labels}, "spec": {
+                     "priorityClassName": "system-cluster-critical",
+                     "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"},
+                                     {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                                     {"key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Exists"}],
+                     "containers": [{"name": "coredns", "image": coredns,
+                                     "args": ["-conf", "/etc/coredns/Corefile"]}]}}}}]))
+    if talos_api_access(config):
+        manifests.append(("13-talos-service-account-crd", [TALOS_SERVICE_ACCOUNT_CRD]))
+    return manifests
+
+
 def external_cloud_provider(config: bytes) -> bool:
     """Whether a machine config starts the kubelet with `--cloud-provider=external` (so that it registers
     its Node tainted uninitialized): kubelet extraArgs in v1alpha1 `machine.kubelet` or a KubeletConfig
@@ -379,21 +443,29 @@ class KubernetesWiring:
                     return
             try:
                 self.register(node.hostname, control_plane=role == "controlplane",
-                              uninitialized=external_cloud_provider(node.config or b""))
+                              uninitialized=external_cloud_provider(node.config or b""), node=node)
             except Exception as exc:  # noqa: BLE001 - reported through `errors`
                 self.errors.append(f"{node.hostname}: {exc}")
 
         threading.Thread(target=wait_then_register, daemon=True, name=f"kubelet-{node.hostname}").start()
 
-    def register(self, name: str, control_plane: bool, uninitialized: bool = False) -> None:
+    def register(self, name: str, control_plane: bool, uninitialized: bool = False,
+                 node: Optional[FakeTalosNode] = None) -> None:
+        """The Node as the kubelet registers it (its address and kubelet version from `node`, the stand-in
+        Talos node it runs on), with a control plane's mirror pods, and its workload."""
         labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
                   **({CONTROL_PLANE_LABEL: ""} if control_plane else {})}
         taints = [{"key": CONTROL_PLANE_LABEL, "effect": "NoSchedule"}] if control_plane else []
         if uninitialized:
             taints.append({"key": UNINITIALIZED_TAINT, "value": "true", "effect": "NoSchedule"})
         spec = {"taints": taints} if taints else {}
+        status = {}
+        if node is not None:  # kwok keeps what the kubelet registered with
+            status = {"addresses": [{"type": "InternalIP", "address": node.host}, {"type": "Hostname", "address": name}],
+                      "nodeInfo": {"kubeletVersion": _tag(node_images(node).get("kubelet", ""))}}
         response = self.kube.request("POST", "/api/v1/nodes", {
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec})
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}, "spec": spec,
+            "status": status})
         if response.status_code == 409:  # a node back in a new VM: its kubelet finds its Node
             response = self.kube.request("GET", f"/api/v1/nodes/{name}")
         if response.status_code not in (200, 201):
@@ -401,9 +473,32 @@ class KubernetesWiring:
         uid = response.json()["metadata"]["uid"]
         if control_plane:
             for component in STATIC_PODS:
-                self._mirror_pod(name, uid, component)
+                image, version = (node.static_pods.get(component, (None, 0)) if node is not None else (None, 0))
+                self._mirror_pod(name, uid, component, image or f"registry.k8s.io/{component}:v1.36.2", version)
         self._workload(name)
         self.registered.append(name)
+
+    def static_pod_updated(self, node: FakeTalosNode, component: str, image: str, version: int) -> None:
+        """As the kubelet does when Talos rewrites a static pod: the old mirror pod goes, the new one (its image,
+        its config version) comes. Nothing before the node has registered."""
+        if node.hostname not in self.registered:
+            return
+        try:
+            found = self.kube.request("GET", f"/api/v1/nodes/{node.hostname}")
+            self.kube.request("DELETE", f"/api/v1/namespaces/kube-system/pods/{component}-{node.hostname}",
+                              {"gracePeriodSeconds": 0})
+            self._mirror_pod(node.hostname, found.json()["metadata"]["uid"], component, image, version)
+        except Exception as exc:  # noqa: BLE001 - reported through `errors`
+            self.errors.append(f"{node.hostname}: {component} mirror pod: {exc}")
+
+    def kubelet_restarted(self, node: FakeTalosNode, image: str) -> None:
+        """The Node's reported kubelet version once the kubelet runs the new image."""
+        if node.hostname not in self.registered:
+            return
+        response = self.kube.request("PATCH", f"/api/v1/nodes/{node.hostname}/status",
+                                     {"status": {"nodeInfo": {"kubeletVersion": _tag(image)}}})
+        if response.status_code != 200:
+            self.errors.append(f"{node.hostname}: kubelet version: HTTP {response.status_code}: {response.text[:300]}")
 
     def _workload(self, node: str) -> None:
         """A user's workload on `node`: Deployment `app-<node>`, one pod pinned there (back once the node
@@ -419,50 +514,37 @@ class KubernetesWiring:
         if response.status_code not in (201, 409):
             raise RuntimeError(f"workload app-{node}: HTTP {response.status_code}: {response.text[:300]}")
 
-    def _mirror_pod(self, node: str, node_uid: str, component: str) -> None:
+    def _mirror_pod(self, node: str, node_uid: str, component: str, image: str, config_version: int) -> None:
         """A static pod's mirror pod, as the kubelet creates it: bound to its node, owned by the Node,
-        annotated kubernetes.io/config.mirror, labelled k8s-app=<component> as Talos labels them."""
+        annotated kubernetes.io/config.mirror and with the version of the config Talos rendered it from,
+        labelled k8s-app=<component> as Talos labels them."""
         response = self.kube.request("POST", "/api/v1/namespaces/kube-system/pods", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{component}-{node}", "namespace": "kube-system",
                          "labels": {"k8s-app": component, "tier": "control-plane"},
                          "annotations": {"kubernetes.io/config.mirror": f"{component}-{node}",
-                                         "kubernetes.io/config.source": "file"},
+                                         "kubernetes.io/config.source": "file",
+                                         "talos.dev/config-version": str(config_version)},
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                               "controller": True}]},
             "spec": {"nodeName": node, "hostNetwork": True, "priorityClassName": "system-cluster-critical",
                      "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": component, "image": f"registry.k8s.io/{component}:v1.36.2"}]}})
+                     "containers": [{"name": component, "image": image}]}})
         if response.status_code not in (201, 409):
             raise RuntimeError(f"mirror pod {component}-{node}: HTTP {response.status_code}: {response.text[:300]}")
 
-    def bootstrap_manifests(self, talos_api_access: bool) -> None:
-        """What Talos applies after bootstrap that the add-ons and the health wait need: CoreDNS, two
-        replicas that tolerate the control planes' taint (its Service, config and RBAC left out: nothing
-        runs it here), and with the Talos API access feature on (the CCM's), Talos's ServiceAccount CRD
-        (talos.dev/v1alpha1), which the CCM chart makes an object of. (Talos's controller answering such
-        an object with a Secret holding a talosconfig is not played.)"""
-        if talos_api_access:
-            response = self.kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                                         TALOS_SERVICE_ACCOUNT_CRD)
-            if response.status_code not in (201, 409):
-                self.errors.append(f"talos.dev CRD: HTTP {response.status_code}: {response.text[:300]}")
-        labels = {"k8s-app": "kube-dns"}
-        response = self.kube.request("POST", "/apis/apps/v1/namespaces/kube-system/deployments", {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {**labels, "kubernetes.io/name": "CoreDNS"}},
-            "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                     "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-                     "template": {"metadata": {"labels": labels}, "spec": {
-                         "priorityClassName": "system-cluster-critical",
-                         "tolerations": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists", "effect": "NoSchedule"},
-                                         {"key": "CriticalAddonsOnly", "operator": "Exists"},
-                                         {"key": "node.cloudprovider.kubernetes.io/uninitialized",
-                                          "operator": "Exists"}],
-                         "containers": [{"name": "coredns", "image": "registry.k8s.io/coredns/coredns:v1.12.4",
-                                         "args": ["-conf", "/etc/coredns/Corefile"]}]}}}})
-        if response.status_code not in (201, 409):
-            self.errors.append(f"coredns: HTTP {response.status_code}: {response.text[:300]}")
+    def bootstrap_manifests(self, node: FakeTalosNode) -> None:
+        """What Talos applies once, after bootstrap: the objects of the node's Manifests resources, each
+        created (never updated: that is upgrade-k8s's manifest sync)."""
+        paths = {"Deployment": "/apis/apps/v1/namespaces/kube-system/deployments",
+                 "DaemonSet": "/apis/apps/v1/namespaces/kube-system/daemonsets",
+                 "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"}
+        for _id, objects in talos_manifests(node):
+            for obj in objects:
+                response = self.kube.request("POST", paths[obj["kind"]], obj)
+                if response.status_code not in (201, 409):
+                    self.errors.append(f"{obj['kind']} {obj['metadata']['name']}: HTTP {response.status_code}: "
+                                       f"{response.text[:300]}")
 
     # --- what the charts' controllers do (no container runs) -------------------------------------
 
@@ -525,13 +607,24 @@ class KubernetesWiring:
         for name in cluster.control_planes:
             fake = cluster.nodes[name]
             fake.kubeconfig_yaml = self.admin_kubeconfig()
+            fake.manifests = talos_manifests
+        for fake in cluster.nodes.values():
+            fake.on_static_pod = self.static_pod_updated
+            fake.on_kubelet = self.kubelet_restarted
         first = cluster.nodes[cluster.control_planes[0]]
 
         def bootstrap(node: FakeTalosNode, request, context):
             response = FakeTalosNode._rpc_Bootstrap(node, request, context)
-            self.bootstrap_manifests(talos_api_access=talos_api_access(node.config or b""))
+            self.bootstrap_manifests(node)
             return response
         first.behaviours["Bootstrap"] = bootstrap
+
+    def release_secrets(self, release: str) -> dict[str, str]:
+        """{secret name: status label} of Helm's revisions of `release` in kube-system, as the API server holds them."""
+        path = f"/api/v1/namespaces/kube-system/secrets?labelSelector=owner%3Dhelm,name%3D{release}"
+        response = self.kube.request("GET", path)
+        assert response.status_code == 200, f"GET {path}: HTTP {response.status_code}: {response.text[:300]}"
+        return {s["metadata"]["name"]: s["metadata"]["labels"]["status"] for s in response.json()["items"]}
 
     def close(self) -> None:
         self._stopped.set()

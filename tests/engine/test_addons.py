@@ -181,12 +181,6 @@ def drain_state(cluster: EngineCluster) -> dict:
             "versions": {name: fake.version_tag for name, fake in cluster.nodes.items()}}
 
 
-def release_secrets(cluster: EngineCluster, release: str) -> dict[str, str]:
-    """{secret name: status label} of Helm's revisions of `release` in kube-system."""
-    found = _get(cluster, f"/api/v1/namespaces/kube-system/secrets?labelSelector=owner%3Dhelm,name%3D{release}")
-    return {s["metadata"]["name"]: s["metadata"]["labels"]["status"] for s in found["items"]}
-
-
 def _get(cluster: EngineCluster, path: str) -> dict:
     response = cluster.kubernetes.kube.request("GET", path)
     assert response.status_code == 200, f"GET {path}: HTTP {response.status_code}: {response.text[:300]}"
@@ -204,7 +198,8 @@ WORKLOADS = {"cilium-agent": "/apis/apps/v1/namespaces/kube-system/daemonsets/ci
 
 def snapshot(cluster: EngineCluster) -> dict:
     """What the API server holds now: the releases' Secrets, the charts' workloads, CoreDNS, the Nodes."""
-    return {"cilium": release_secrets(cluster, "cilium"), "ccm": release_secrets(cluster, "talos-cloud-controller-manager"),
+    releases = cluster.kubernetes.release_secrets
+    return {"cilium": releases("cilium"), "ccm": releases("talos-cloud-controller-manager"),
             "nodes": node_names(cluster), **{key: _get(cluster, path) for key, path in WORKLOADS.items()}}
 
 

@@ -63,12 +63,9 @@ def get(cluster: EngineCluster, path: str) -> tuple[int, dict]:
 
 def read_back(cluster: EngineCluster) -> dict:
     """What the API server holds: the releases' Helm Secrets (name: status), the workloads, the Nodes."""
-    def releases(name: str) -> dict[str, str]:
-        _, found = get(cluster, "/api/v1/namespaces/kube-system/secrets?labelSelector=owner%3Dhelm,name%3D" + name)
-        return {s["metadata"]["name"]: s["metadata"]["labels"]["status"] for s in found["items"]}
-
     ccm_pods = get(cluster, "/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io%2Fname%3D"
                             "talos-cloud-controller-manager")[1]["items"]
+    releases = cluster.kubernetes.release_secrets
     return {"cilium": releases("cilium"), "ccm": releases("talos-cloud-controller-manager"),
             "cilium-daemonset": get(cluster, CILIUM_DAEMONSET), "ccm-daemonset": get(cluster, CCM_DAEMONSET),
             "ccm-deployment": get(cluster, CCM_DEPLOYMENT)[0], "ccm-pods": ccm_pods,

@@ -4,9 +4,13 @@ of the real program after the cluster exists.
 Same stand-ins as tests/engine/test_first_deploy_and_day_two.py: one FakeTalosNode per node on 127.0.0.42-45:50000 (three
 control planes sharing one etcd member list, one worker, each in the VM the Proxmox provider stand-in
 made through fakepve's PVE API), the Image Factory and the Kubernetes API stand-ins. The ups, in order:
-  first       a new cluster on Talos v1.13.7, Kubernetes 1.36.2 (the Talos line's default);
-  kubernetes  cluster.kubernetesVersion 1.36.3: the new configuration reaches one node at a time,
-              control planes first, each healthy again before the next;
+  first       a new cluster on Talos v1.13.7, Kubernetes 1.35.4;
+  kubernetes  cluster.kubernetesVersion 1.36.3, as talosctl upgrade-k8s makes it: the new images pre-pulled,
+              kube-apiserver on every control plane, then kube-controller-manager, then kube-scheduler
+              (each Ready at its new config version before the next), kube-proxy's image, then each
+              node's new configuration (its kubelet) one at a time, control planes first, healthy and its
+              Node reporting the new kubelet before the next; then the bootstrap manifests synced
+              (kube-proxy's DaemonSet to the new version);
   hardware    every node from 2 to 4 cores and 4096 to 6144 MiB: the provider PUTs each VM's new config,
               which PVE keeps pending, then in roll order each node is shut down through Talos (drained)
               and its VM started through the PVE API, healthy before the next;
@@ -45,7 +49,7 @@ NODES = [(CP1, "controlplane", "127.0.0.42"), (CP2, "controlplane", "127.0.0.43"
          (CP3, "controlplane", "127.0.0.44"), (WORKER, "worker", "127.0.0.45")]
 ROLL_ORDER = [CP1, CP2, CP3, WORKER]
 TALOS, UPGRADE = "v1.13.7", "v1.13.8"
-KUBERNETES, NEW_KUBERNETES = "1.36.2", "1.36.3"
+KUBERNETES, NEW_KUBERNETES = "1.35.4", "1.36.3"
 HEALTH_FAILURE = "service kubelet: failed to start after upgrade (stand-in)"
 CP2_MEMBER_ID = 0x101  # the shared etcd's member ids are 0x100 + the node's index
 BIGGER = {"cpu": 4, "memory": 6144}  # the dev stack's nodes have 2 cores and 4096 MiB
@@ -80,8 +84,16 @@ def ups(tmp_path_factory) -> dict:
             config = engine_stack(cluster, nodes, talos, tmp / "secrets.yaml", **options)
             return cluster.deploy(project, config, tmp / f"render-{name}", fails=fails)
 
-        done = {"first": deploy("first", NODES, TALOS)}
+        done = {"first": deploy("first", NODES, TALOS, kubernetes_version=KUBERNETES)}
         done["kubernetes"] = deploy("kubernetes", NODES, TALOS, kubernetes_version=NEW_KUBERNETES)
+        kube_api = cluster.kubernetes.kube
+        done["after_kubernetes"] = {
+            "static_pod_updates": {name: list(cluster.nodes[name].static_pod_updates) for name in ROLL_ORDER},
+            "nodes": {n["metadata"]["name"]: n for n in kube_api.request("GET", "/api/v1/nodes").json()["items"]},
+            "kube-proxy": kube_api.request("GET", "/apis/apps/v1/namespaces/kube-system/daemonsets/kube-proxy").json(),
+            "mirror_pods": kube_api.request("GET", "/api/v1/namespaces/kube-system/pods?labelSelector=tier%3D"
+                                                   "control-plane").json()["items"],
+            "static_pods": {name: dict(cluster.nodes[name].static_pods) for name in ROLL_ORDER}}
         done["hardware"] = deploy("hardware", NODES, TALOS, kubernetes_version=NEW_KUBERNETES, hardware=BIGGER)
         done["pve"] = cluster.pve
         # The VMs as the hardware up left them (later ups destroy some), and when it ended.
@@ -175,34 +187,99 @@ def test_each_preview_calls_no_one_and_plans_what_its_up_does(ups):
 # --- Kubernetes 1.36.2 -> 1.36.3 ------------------------------------------------------------------
 
 
-def test_kubernetes_change_updates_each_nodes_config_lifecycle_and_apply_only(ups):
+def test_kubernetes_change_updates_each_nodes_config_and_apply_and_the_upgrade_only(ups):
     up = ups["kubernetes"]
-    assert up.steps("update") == {f"{kind}-{name}" for kind in ("machineconfig", "lifecycle", "apply")
-                                  for name in ROLL_ORDER} | {"node-changes"}  # the latter records the version
+    assert up.steps("update") == {f"{kind}-{name}" for kind in ("machineconfig", "apply") for name in ROLL_ORDER} | {
+        "node-changes", "kubernetes-upgrade"}  # node-changes records the version
     assert up.steps("create") == up.steps("delete") == set()
-    assert {"secrets", "talosconfig", "bootstrap", "kubeconfig"} <= up.steps("same")
+    assert {"secrets", "talosconfig", "bootstrap", "kubeconfig"} | {f"lifecycle-{n}" for n in ROLL_ORDER} <= \
+        up.steps("same")
     assert up.outputs == ups["first"].outputs
     for name in ROLL_ORDER:
         assert not rpcs(up.new_calls(ups["first"], name), "Upgrade", "ImageService/Pull", "LifecycleService/Upgrade",
-                        "Bootstrap", "Kubeconfig", "Reset"), name
+                        "Bootstrap", "Reset", "Reboot"), name
 
 
-def test_kubernetes_change_reaches_one_node_at_a_time_control_planes_first(ups):
+def test_kubernetes_images_are_pre_pulled_before_any_node_changes(ups):
     first, up = ups["first"], ups["kubernetes"]
     new = {name: up.new_calls(first, name) for name in ROLL_ORDER}
+    pulls = sorted((c.at, name, c.request.reference) for name in ROLL_ORDER for c in rpcs(new[name], "ImagePull"))
+    first_apply = min(c.at for name in ROLL_ORDER for c in rpcs(new[name], "ApplyConfiguration"))
+    assert pulls and max(at for at, _, _ in pulls) < first_apply
+    control_plane_images = [f"registry.k8s.io/{c}:v{NEW_KUBERNETES}"
+                            for c in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")]
+    assert [(name, image) for _, name, image in pulls] == \
+        [(cp, image) for image in control_plane_images for cp in (CP1, CP2, CP3)] + \
+        [(name, f"ghcr.io/siderolabs/kubelet:v{NEW_KUBERNETES}") for name in ROLL_ORDER]
+    namespaces = {c.request.reference.split("/")[0]: c.request.namespace for name in ROLL_ORDER
+                  for c in rpcs(new[name], "ImagePull")}
+    assert namespaces == {"registry.k8s.io": 2, "ghcr.io": 1}  # NS_CRI, NS_SYSTEM
+
+
+def test_every_api_server_is_upgraded_before_any_controller_manager_and_those_before_any_scheduler(ups):
+    seen = ups["after_kubernetes"]
+    updates = sorted((at, component, name) for name in (CP1, CP2, CP3)
+                     for at, component, image in seen["static_pod_updates"][name]
+                     if image.endswith(f":v{NEW_KUBERNETES}") and at > ups["first"].ended)
+    assert [(component, name) for _, component, name in updates] == [
+        (component, name) for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+        for name in (CP1, CP2, CP3)]
+    # each mirror pod in the API server runs the new image at the config version its node rendered last
+    pods = {pod["metadata"]["name"]: pod for pod in seen["mirror_pods"]}
+    for name in (CP1, CP2, CP3):
+        for component, (image, version) in seen["static_pods"][name].items():
+            pod = pods[f"{component}-{name}"]
+            assert image == f"registry.k8s.io/{component}:v{NEW_KUBERNETES}"
+            assert (pod["spec"]["containers"][0]["image"], pod["metadata"]["annotations"]["talos.dev/config-version"]) \
+                == (image, str(version)) and version == 2
+
+
+def test_each_node_takes_its_new_kubelet_one_at_a_time_after_the_control_plane_components(ups):
+    first, up = ups["first"], ups["kubernetes"]
+    new = {name: up.new_calls(first, name) for name in ROLL_ORDER}
+    last_scheduler = max(at for name in (CP1, CP2, CP3) for at, component, _ in ups["after_kubernetes"][
+        "static_pod_updates"][name] if component == "kube-scheduler" and at > first.ended)
     arrived = {}
     for name in ROLL_ORDER:
-        applied = rpcs(new[name], "ApplyConfiguration")
-        assert applied and all(c.request.data == up.rendered[name] for c in applied), name
-        assert all((c.mode, c.roles) == ("configured", ("os:admin",)) for c in applied), name
+        whole = [c for c in rpcs(new[name], "ApplyConfiguration") if c.request.data == up.rendered[name]]
+        assert whole and all((c.mode, c.roles) == ("configured", ("os:admin",)) for c in whole), name
         assert kubelet_image(first.rendered[name]).endswith(f":v{KUBERNETES}"), name
         assert kubelet_image(up.rendered[name]) == f"ghcr.io/siderolabs/kubelet:v{NEW_KUBERNETES}", name
-        arrived[name] = applied[0].at
+        arrived[name] = whole[0].at
+        # a control plane's earlier applies were its running configuration with one image changed, no reboot
+        partial = [c for c in rpcs(new[name], "ApplyConfiguration") if c.at < whole[0].at]
+        assert [c.request.mode for c in partial] == ([2, 2, 2, 2] if name != WORKER else []), name
     assert [arrived[name] for name in ROLL_ORDER] == sorted(arrived.values())
+    assert last_scheduler < arrived[CP1]
     for before, after in zip(ROLL_ORDER, ROLL_ORDER[1:]):
         # healthy again (services listed after its new config) before the next node gets its own
         checked = [c.at for c in rpcs(new[before], "ServiceList") if c.at > arrived[before]]
         assert checked and min(checked) < arrived[after], (before, after)
+    nodes = ups["after_kubernetes"]["nodes"]
+    assert {name: nodes[name]["status"]["nodeInfo"]["kubeletVersion"] for name in ROLL_ORDER} == {
+        name: f"v{NEW_KUBERNETES}" for name in ROLL_ORDER}
+
+
+def test_the_bootstrap_manifests_are_synced_after_the_upgrade(ups):
+    proxy = ups["after_kubernetes"]["kube-proxy"]
+    assert proxy["spec"]["template"]["spec"]["containers"][0]["image"] == f"registry.k8s.io/kube-proxy:v{NEW_KUBERNETES}"
+    assert proxy["metadata"]["annotations"]["config.k8s.io/owning-inventory"] == "talos-bootstrap-manifests-inventory"
+    printed = "".join(ups["kubernetes"].up.diagnostics("info#err")) + ups["kubernetes"].up.stderr
+    assert "manifests: Configured DaemonSet kube-system/kube-proxy" in printed
+    assert (f'+spec.template.spec.containers[0].image: "registry.k8s.io/kube-proxy:v{NEW_KUBERNETES}"') in printed
+    # CoreDNS was made by Talos's bootstrap: the first sync adopts it (the inventory's annotation, nothing else,
+    # since the Talos version, and with it CoreDNS's, is the same)
+    synced = [line.split("manifests: ", 1)[1] for line in printed.splitlines() if "talos-proxmox: manifests: " in line]
+    coredns = synced.index("Configured Deployment kube-system/coredns")
+    assert synced[coredns + 1] == '  +metadata.annotations.config.k8s.io/owning-inventory: "talos-bootstrap-manifests-inventory"'
+    assert "coredns/coredns:" not in printed
+    # the order the progress lines came in: API servers, controller managers, schedulers, kubelets, manifests
+    lines = [line for line in printed.splitlines() if "talos-proxmox: kubernetes" in line or "talos-proxmox: manifests:" in line]
+    steps = [next(step for step in ("pre-pull", "kube-apiserver ->", "kube-controller-manager ->", "kube-scheduler ->",
+                                    "kube-proxy ->", "kubelet ->", "manifests:") if step in line)
+             for line in lines if any(step in line for step in ("pre-pull", "->", "manifests:"))]
+    assert steps == sorted(steps, key=["pre-pull", "kube-apiserver ->", "kube-controller-manager ->", "kube-scheduler ->",
+                                       "kube-proxy ->", "kubelet ->", "manifests:"].index), lines
 
 
 # --- 2 -> 4 cores, 4096 -> 6144 MiB on every node --------------------------------------------------

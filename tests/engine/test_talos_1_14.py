@@ -3,7 +3,8 @@ change, `talosVersion: v1.14.0`. The nodes upgrade one at a time, control planes
 1.13 upgrade API), and only an upgraded node is sent the v1.14 contract's configuration: each Kubernetes
 setting in a document of its own (KubeletConfig, KubeClusterConfig, ...), the install as an
 UnattendedInstallConfig, and nothing of them left in the v1alpha1 document (Talos refuses both at once).
-No VM is touched."""
+No VM is touched. Then the bootstrap manifests are synced from the upgraded first control plane: CoreDNS
+moves to the version Talos 1.14 renders (Talos applies its manifests only at bootstrap)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ NODES = [("e2e-cp-1", "controlplane", "127.0.0.82"), ("e2e-cp-2", "controlplane"
          ("e2e-cp-3", "controlplane", "127.0.0.84"), ("e2e-worker-1", "worker", "127.0.0.85")]
 ROLL_ORDER = [name for name, _, _ in NODES]
 OLD, NEW = "v1.13.7", "v1.14.0"
-KUBERNETES = "1.36.2"  # supported by both lines, so only Talos changes
+KUBERNETES = "1.35.4"  # supported by both lines, so only Talos changes
+SKIPPED_MINOR = "1.37.1"  # Talos 1.14 runs it, but not from 1.35
+COREDNS = "/apis/apps/v1/namespaces/kube-system/deployments/coredns"
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +32,22 @@ def ups(tmp_path_factory):
             config = engine_stack(cluster, NODES, talos, tmp / "secrets.yaml", kubernetes_version=KUBERNETES)
             return cluster.deploy(project, config, tmp / f"render-{name}")
 
+        def coredns_image():
+            deployment = cluster.kubernetes.kube.request("GET", COREDNS).json()
+            return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
         first = deploy("first", OLD)
+        coredns_images = [coredns_image()]
         pve_before = cluster.pve.vm_events[:]
         upgraded = deploy("upgraded", NEW)
+        coredns_images.append(coredns_image())
+        refusals = {
+            "skipped_minor": cluster.deploy(project, engine_stack(
+                cluster, NODES, NEW, tmp / "secrets.yaml", kubernetes_version=SKIPPED_MINOR), tmp / "skip", fails=True),
+            "downgrade": cluster.deploy(project, engine_stack(
+                cluster, NODES, OLD, tmp / "secrets.yaml", kubernetes_version=KUBERNETES), tmp / "down", fails=True)}
         yield first, upgraded, {name: fake.version_tag for name, fake in cluster.nodes.items()}, \
-            pve_before, cluster.pve.vm_events[:]
+            pve_before, cluster.pve.vm_events[:], coredns_images, refusals
 
 
 def _documents(config: bytes) -> dict:
@@ -42,7 +56,7 @@ def _documents(config: bytes) -> dict:
 
 
 def test_the_1_13_cluster_ran_the_legacy_form(ups):
-    first, _, _, _, _ = ups
+    first, _, _, _, _, _, _ = ups
     for name, _, _ in NODES:
         documents = _documents(first.rendered[name])
         assert documents["v1alpha1"]["machine"]["kubelet"]["image"] == f"ghcr.io/siderolabs/kubelet:v{KUBERNETES}"
@@ -50,7 +64,7 @@ def test_the_1_13_cluster_ran_the_legacy_form(ups):
 
 
 def test_each_node_upgrades_then_takes_the_1_14_documents_one_at_a_time(ups):
-    first, upgraded, versions, _, _ = ups
+    first, upgraded, versions, _, _, _, _ = ups
     assert versions == {name: NEW for name in ROLL_ORDER}
     windows = []
     for name in ROLL_ORDER:
@@ -67,7 +81,7 @@ def test_each_node_upgrades_then_takes_the_1_14_documents_one_at_a_time(ups):
 
 @pytest.mark.parametrize("name, role, ip", NODES)
 def test_the_1_14_configuration_is_the_multi_document_form(ups, name, role, ip):
-    _, upgraded, _, _, _ = ups
+    _, upgraded, _, _, _, _, _ = ups
     documents = _documents(upgraded.rendered[name])
     v1alpha1 = documents["v1alpha1"]
     assert set(v1alpha1["machine"]) == {"type", "token", "ca", "certSANs", "features"}
@@ -91,7 +105,7 @@ def test_the_1_14_configuration_is_the_multi_document_form(ups, name, role, ip):
 
 
 def test_no_vm_is_touched(ups):
-    _, upgraded, _, pve_before, pve_after = ups
+    _, upgraded, _, pve_before, pve_after, _, _ = ups
     assert pve_after == pve_before
     assert not {step for step in upgraded.steps("create") | upgraded.steps("delete")}
     # each VM's one change: its CD-ROM takes the new version's ISO (PVE swaps the medium of a running VM)
@@ -99,3 +113,38 @@ def test_no_vm_is_touched(ups):
                   for step in upgraded.preview.plan["steps"] if step["op"] == "update"
                   and step["urn"].rsplit("::", 1)[1] in ROLL_ORDER}
     assert vm_updates == {name: {"cdrom.fileId"} for name in ROLL_ORDER}
+
+
+def test_coredns_moves_to_the_version_the_new_talos_renders(ups):
+    _, upgraded, _, _, _, coredns_images, _ = ups
+    assert coredns_images == ["registry.k8s.io/coredns/coredns:v1.14.6", "registry.k8s.io/coredns/coredns:v1.14.7"]
+    assert upgraded.steps("update") >= {"kubernetes-upgrade"}
+    printed = "".join(upgraded.up.diagnostics("info#err")) + upgraded.up.stderr
+    assert "talos-proxmox: manifests: Configured Deployment kube-system/coredns" in printed
+    # kube-proxy, made by the bootstrap, is adopted by the first sync: the inventory's annotation and nothing else
+    synced = [line.split("manifests: ", 1)[1] for line in printed.splitlines() if "talos-proxmox: manifests: " in line]
+    proxy = synced.index("Configured DaemonSet kube-system/kube-proxy")
+    assert synced[proxy + 1] == '  +metadata.annotations.config.k8s.io/owning-inventory: "talos-bootstrap-manifests-inventory"'
+    assert not any(line.startswith("  ") for line in synced[proxy + 2:proxy + 3]), synced
+    # no Kubernetes component was touched: the version stayed
+    assert "talos-proxmox: kubernetes" not in printed
+
+
+REFUSALS = [
+    ("skipped_minor", [f"cluster.kubernetesVersion {KUBERNETES} -> {SKIPPED_MINOR} skips a minor version",
+                       "upgrade to the newest 1.36.x first"]),
+    ("downgrade", [f"cluster.talosVersion {NEW} -> {OLD} is a downgrade",
+                   "set cluster.allowDowngrade: true for this up"]),
+]
+
+
+@pytest.mark.parametrize("name, reasons", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_an_unsupported_path_is_refused_in_the_preview_before_any_call(ups, name, reasons):
+    _, upgraded, _, _, _, _, refusals = ups
+    refused = refusals[name]
+    assert refused.stopped_in_preview
+    for reason in reasons:
+        assert reason in refused.error
+    assert refused.pve_requests == upgraded.pve_requests
+    for node in ROLL_ORDER:
+        assert refused.new_calls(upgraded, node) == [], node

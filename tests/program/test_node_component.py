@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pulumi
+
 import dataclasses
 
 import pulumi_proxmoxve as proxmoxve
@@ -109,8 +111,12 @@ def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
         changes = NodeChanges("node-changes", **node_change_plan(s, INSTALLER))
         first = TalosNode("master-1", s, node(s, "master-1"), iso_file_id=ISO, installer_image=INSTALLER,
                           secrets={"cluster": {}}, talosconfig="talosconfig-text", node_changes=changes)
-        TalosNode("master-2", s, node(s, "master-2"), iso_file_id=ISO, installer_image=INSTALLER,
-                  secrets={"cluster": {}}, talosconfig="talosconfig-text", node_changes=changes, previous=first)
+        second = TalosNode("master-2", s, node(s, "master-2"), iso_file_id=ISO, installer_image=INSTALLER,
+                           secrets={"cluster": {}}, talosconfig="talosconfig-text", node_changes=changes,
+                           previous=first)
+        upgrade = pulumi.CustomResource("test:index:Upgrade", "kubernetes-upgrade", {})
+        for talos_node in (first, second):
+            talos_node.send_configuration(after=upgrade)
 
     run = run_program(stack_config("test-cluster"), program=program)
     urns = {r.urn: r for r in run.registrations}
@@ -137,5 +143,5 @@ def test_node_component_wires_vm_config_lifecycle_and_apply_in_order():
     assert {urns[d].name for d in vm.dependencies} == {"node-changes"}
 
     assert apply.inputs["node"] == "10.255.200.202"
-    assert {vm.urn, config.urn, lifecycle.urn} <= set(apply.dependencies)
-    assert all(urns[d].name.endswith("master-2") for d in apply.dependencies)
+    assert {vm.urn, config.urn, lifecycle.urn, named[("Upgrade", "kubernetes-upgrade")].urn} <= set(apply.dependencies)
+    assert all(urns[d].name.endswith("master-2") for d in apply.dependencies if urns[d].name != "kubernetes-upgrade")

@@ -7,6 +7,8 @@ import copy
 import pulumi
 import pytest
 
+from providers.kubernetes_upgrade import KubernetesUpgradeProvider
+
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs
 from talos_proxmox.settings.stack import load_settings
 from tests.program.mocked_program import ProgramRun, Registration, run_program, stack_config
@@ -226,11 +228,14 @@ def test_removing_a_worker_removes_only_its_resources(run):
                     (DYNAMIC, "machineconfig-worker-6"), (DYNAMIC, "apply-worker-6"),
                     (DYNAMIC, "lifecycle-worker-6")}
     assert not after.keys() - before.keys()
-    # Everything else is untouched, the talosconfig included; only the node plan and the health and
-    # install waits count nodes.
+    # Everything else is untouched, the talosconfig included; only the node plan, the health and install
+    # waits and the Kubernetes upgrade (whose diff compares the versions only) count nodes.
     changed = {(after[u].type, after[u].name) for u in after
                if compared_inputs(after[u]) != compared_inputs(before[u])}
-    assert changed == {(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes")}
+    assert changed == {(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes"),
+                       (DYNAMIC, "kubernetes-upgrade")}
+    upgrade = dynamic(smaller, "kubernetes-upgrade")
+    assert not KubernetesUpgradeProvider().diff("id", dynamic(run, "kubernetes-upgrade").inputs, upgrade.inputs).changes
     assert dynamic(smaller, "lifecycle-worker-5").inputs["position"] == "8 of 8"
 
 

@@ -7,9 +7,9 @@ import yaml
 
 from providers import node_lifecycle
 
+from providers.kubernetes_upgrade import KubernetesUpgradeProvider
 from providers.node_lifecycle import NodeLifecycleProvider
 from talos_proxmox.day_two.rolling import RollError, RollNode, roll_predecessors
-from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config import secrets_bundle
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests.support import seed_cluster as seed
@@ -33,19 +33,17 @@ def _props(fakes, talosconfig, **changes):
     props = {
         "node_name": "cp-1", "address": "10.5.0.1", "endpoint": fakes["cp-1"].endpoint, "role": "controlplane",
         "installer_image": f"factory.talos.dev/installer/{seed.SCHEMATIC}:{OLD}", "talos_version": OLD,
-        "kubernetes_version": "1.34.1",
         "timeout_seconds": 10, "reset_on_delete": True, "talosconfig": talosconfig,
-        "machine_configuration": "version: v1alpha1\nmachine:\n  type: controlplane\n",
     }
     props.update(changes)
     return props
 
 
-def test_create_touches_no_node_and_keeps_no_configuration(pair):
+def test_create_touches_no_node(pair):
     fakes, talosconfig = pair
     result = NodeLifecycleProvider().create(_props(fakes, talosconfig))
     assert result.id == "lifecycle-cp-1"
-    assert "machine_configuration" not in result.outs and result.outs["talosconfig"] == talosconfig
+    assert result.outs["talosconfig"] == talosconfig
     assert fakes["cp-1"].calls == []
 
 
@@ -96,30 +94,6 @@ def test_installer_image_change_upgrades_the_node_and_waits_for_it(pair):
     assert fakes["cp-2"].calls == [] and fakes["cp-3"].calls == []
 
 
-def test_kubernetes_version_change_applies_this_nodes_config_then_waits_healthy(pair):
-    fakes, talosconfig = pair
-    provider = NodeLifecycleProvider()
-    olds = provider.create(_props(fakes, talosconfig)).outs
-    config = "version: v1alpha1\nmachine:\n  kubelet:\n    image: ghcr.io/siderolabs/kubelet:v1.35.0\n"
-    provider.update("id", olds, _props(fakes, talosconfig, kubernetes_version="1.35.0",
-                                       machine_configuration=config))
-    (apply,) = fakes["cp-1"].calls_for("ApplyConfiguration")
-    assert apply.request.data == config.encode()
-    assert apply.request.mode == machine_pb2.ApplyConfigurationRequest.AUTO and apply.mode == "configured"
-    after = [c.rpc for c in fakes["cp-1"].calls if c.at > apply.at]
-    assert "ServiceList" in after and "EtcdMemberList" in after
-    assert fakes["cp-1"].calls_for("Upgrade") == [] and fakes["cp-2"].calls == []
-
-
-def test_a_failed_kubernetes_apply_names_the_node(pair):
-    fakes, talosconfig = pair
-    fakes["cp-1"].fail_next("ApplyConfiguration", grpc.StatusCode.INVALID_ARGUMENT, "unknown keys found")
-    provider = NodeLifecycleProvider()
-    olds = provider.create(_props(fakes, talosconfig)).outs
-    with pytest.raises(RollError, match=r"node cp-1 \(10.5.0.1\): applying the configuration for Kubernetes 1.35.0"):
-        provider.update("id", olds, _props(fakes, talosconfig, kubernetes_version="1.35.0"))
-
-
 def test_delete_leaves_etcd_then_resets(pair):
     fakes, talosconfig = pair
     provider = NodeLifecycleProvider()
@@ -158,16 +132,15 @@ def test_resource_marks_credentials_and_config_secret(bundle):
     def check():
         first = node_lifecycle.NodeLifecycle(
             "lifecycle-cp-1", node_name="cp-1", address="10.5.0.1", role="controlplane", installer_image="i:v1",
-            talos_version="v1", kubernetes_version=None, machine_configuration="cfg", talosconfig="tc")
+            talos_version="v1", talosconfig="tc")
         second = node_lifecycle.NodeLifecycle(
             "lifecycle-w-1", node_name="w-1", address="10.5.0.11", role="worker", installer_image="i:v1",
-            talos_version="v1", kubernetes_version=None, machine_configuration="cfg", talosconfig="tc",
-            opts=pulumi.ResourceOptions(depends_on=[first]))
+            talos_version="v1", talosconfig="tc", opts=pulumi.ResourceOptions(depends_on=[first]))
 
         def verify(_):
             by_name = {r.name: r for r in monitor.registrations}
             for registration in by_name.values():
-                assert {"talosconfig", "machine_configuration"} <= set(registration.additional_secret_outputs)
+                assert "talosconfig" in registration.additional_secret_outputs
             assert by_name["lifecycle-cp-1"].urn in by_name["lifecycle-w-1"].dependencies
 
         return pulumi.Output.all(first.urn, second.urn).apply(verify)
@@ -202,7 +175,7 @@ def test_program_chains_lifecycles_in_roll_order_after_each_vm_and_before_each_a
         lifecycles_before = {r.urn for r in run.named("lifecycle-", DYNAMIC)} & deps
         assert lifecycles_before == ({regs[(DYNAMIC, f"lifecycle-{previous}")].urn} if previous else set())
         assert lifecycle.urn in regs[(DYNAMIC, f"apply-{name}")].dependencies
-        assert {"talosconfig", "machine_configuration"} <= set(lifecycle.additional_secret_outputs)
+        assert "talosconfig" in lifecycle.additional_secret_outputs
         assert lifecycle.inputs["installer_image"] == run.exports["installerImage"]
 
 
@@ -219,9 +192,13 @@ def test_adding_a_worker_adds_only_its_resources():
     assert not before.keys() - after.keys()
     changed = {(after[u].type, after[u].name) for u in before if after[u].inputs != before[u].inputs}
     # Only the health and install waits count the nodes (the latter waits for the new one only), and
-    # each lifecycle's place in the roll ("3 of 10") changes, which its diff ignores.
-    assert changed == ({(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes")}
+    # each lifecycle's place in the roll ("3 of 10") changes, which its diff ignores, as the Kubernetes
+    # upgrade's diff ignores its node list (only a version change is an upgrade).
+    assert changed == ({(DYNAMIC, "health"), (DYNAMIC, "nodes-installed"), (DYNAMIC, "node-changes"),
+                        (DYNAMIC, "kubernetes-upgrade")}
                        | {(DYNAMIC, f"lifecycle-{n['name']}") for n in config["nodes"][:-1]})
+    upgrade = next(urn for urn in before if before[urn].name == "kubernetes-upgrade")
+    assert not KubernetesUpgradeProvider().diff("id", before[upgrade].inputs, after[upgrade].inputs).changes
     provider = NodeLifecycleProvider()
     for urn in before:
         if after[urn].name.startswith("lifecycle-"):
