@@ -26,6 +26,7 @@ class answers as PVE does (qemu-server, pve-storage):
 - `PUT .../resize` grows the volume and writes its size into the running config; shrinking is refused;
 - `download-url` of a file that exists fails its task with "refusing to override existing file";
   `query-url-metadata` fetches the URL's headers itself (a bad URL is an error, as on a real node);
+- roles, users, API tokens and ACL entries are kept and answered as PVE does (proxmox_access.py);
 - `query-url-metadata` and `download-url` need `Sys.Audit` + `Sys.Modify` on `/` or `Sys.AccessNetwork`
   on the node (PVE 9).
 Still unlike PVE: the cloud-init drive's volume is named like a disk (`vm-<id>-disk-N`, PVE:
@@ -54,6 +55,7 @@ from fakepve.qemu import DRIVE_KEY, NEW_DISK, split_drive, join_drive
 from fakepve.server import USER, FakePve, ok, params
 from proxmoxer import ProxmoxAPI
 
+from tests.stand_ins.proxmox_access import PveAccessObjects
 from tests.stand_ins.talos_api import FakeTalosNode
 
 HOST = "127.0.0.1"
@@ -90,7 +92,7 @@ class PowerEvent:
     what: str  # "off" (the node powered its VM off) or "up" (started again, its node answers); "made", "destroyed"
 
 
-class ProxmoxStandIn(FakePve):
+class ProxmoxStandIn(PveAccessObjects, FakePve):
     """A started one comes from `serve_proxmox()`."""
 
     def __init__(self, boot_seconds: float = 0.2) -> None:
@@ -106,6 +108,7 @@ class ProxmoxStandIn(FakePve):
         self.guest_named: Optional[Callable[[str], Optional[FakeTalosNode]]] = None
         self._never_started: set[int] = set()  # VMs made through the API, to boot from the ISO first
         self.privilege_reads: list[str] = []  # the paths of `GET /access/permissions?path=`, in order
+        self._init_access_objects()  # roles, users, tokens and ACL entries (proxmox_access.py)
 
     def provider_config(self) -> dict[str, str]:
         """The stack config the Proxmox provider (and day two) read to reach this host."""

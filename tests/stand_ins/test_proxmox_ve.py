@@ -22,7 +22,7 @@ def pve():
         yield pve
 
 
-def call(pve, method, path, **form):
+def call(pve, method, path, /, **form):
     """One request as the provider's Go client sends it: form-encoded body, token header."""
     reply = requests.request(method, f"{pve.url}/api2/json/{path}", verify=pve.cafile,
                              headers={"Authorization": f"PVEAPIToken={TOKEN_ID}={TOKEN_SECRET}"},
