@@ -19,6 +19,7 @@ import pulumi_kubernetes as k8s
 from components.addons import ClusterAddons
 from components.image import TalosImage
 from components.node import TalosNode
+from components.storage import ClusterStorage
 from talos_proxmox.cluster_plan.resource_inputs import (
     image_facts,
     iso_hosts,
@@ -27,6 +28,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
     talosconfig_inputs,
 )
 from talos_proxmox.day_two.rolling import RollNode, roll_order
+from talos_proxmox.proxmox_api.access import api_endpoint
 from talos_proxmox.settings.model import Settings
 from providers.kubernetes_upgrade import KubernetesUpgrade
 from providers.node_lifecycle import NodeChanges
@@ -117,11 +119,16 @@ class TalosCluster(pulumi.ComponentResource):
         self.kubeconfig = pulumi.Output.secret(self.kubeconfig_resource.kubeconfig)
         # Only a Helm release needs the Kubernetes provider (and its plugin): a stack without add-ons has none.
         self.k8s_provider = (k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
-                             if settings.cilium.enabled or settings.ccm.enabled else None)
-        self.addons = ClusterAddons(
-            "addons", settings, self.k8s_provider,
-            depends_on=[self.bootstrap, self.kubeconfig_resource, self.nodes_installed], kubeconfig=self.kubeconfig,
-            opts=child)
+                             if settings.cilium.enabled or settings.ccm.enabled or settings.csi.enabled else None)
+        in_cluster = [self.bootstrap, self.kubeconfig_resource, self.nodes_installed]
+        self.addons = ClusterAddons("addons", settings, self.k8s_provider, depends_on=in_cluster,
+                                    kubeconfig=self.kubeconfig, opts=child)
+        self.storage: Optional[ClusterStorage] = None
+        if settings.csi.enabled:
+            # The plugins reach Proxmox where the provider does (its endpoint setting, or the environment's).
+            api_url, verify_tls = api_endpoint(lambda key: pulumi.Config(key.split(":")[0]).get(key.split(":")[1]))
+            self.storage = ClusterStorage("storage", settings, self.k8s_provider, api_url, verify_tls,
+                                          depends_on=in_cluster, opts=child)
 
         # `pulumi destroy` deletes dependents first and fails only when it reaches a protected resource: the
         # protected secrets alone would stop it after every node was reset and every VM destroyed. This
@@ -134,7 +141,8 @@ class TalosCluster(pulumi.ComponentResource):
                 depends_on=[self.image, self.secrets, self.talosconfig_resource, self.node_changes,
                             *self.nodes.values(), self.kubernetes_upgrade, self.nodes_installed, self.bootstrap,
                             self.kubeconfig_resource,
-                            self.addons, *([self.k8s_provider] if self.k8s_provider is not None else [])]))
+                            self.addons, *([self.storage] if self.storage is not None else []),
+                            *([self.k8s_provider] if self.k8s_provider is not None else [])]))
         self.deletion_protection.register_outputs({})
 
         self.endpoint = c.endpoint

@@ -337,7 +337,8 @@ class NodeChangesProvider(dynamic.ResourceProvider):
         if not paths:
             return []
         wanted = privileges.needs(paths["hosts"], paths["vm_datastore"], paths["iso_datastore"], paths["bridge"],
-                                  [None if vm_id is None else int(vm_id) for vm_id in paths["vm_ids"]])
+                                  [None if vm_id is None else int(vm_id) for vm_id in paths["vm_ids"]],
+                                  paths.get("access_users") or ())
         api = access.connect()
         try:
             return privileges.missing(

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from talos_proxmox.cluster_plan.storage_values import ccm_topology_values
 from talos_proxmox.talos_config.merge import deep_merge
 from talos_proxmox.settings.model import HubbleSettings, Settings
 
@@ -162,7 +163,8 @@ CCM_SELECTOR = {"app.kubernetes.io/name": CCM_CHART, "app.kubernetes.io/instance
 
 
 def ccm_values(settings: Settings) -> dict[str, Any]:
-    """Values of the Talos CCM release: replicas, enabled controllers, node IPAM flags, then `ccm.values`.
+    """Values of the Talos CCM release: replicas, enabled controllers, node IPAM flags, the nodes' topology
+    transformations (with the Proxmox CSI plugin), then `ccm.values`.
 
     With node IPAM the CCM is the only pod-CIDR allocator, so it cannot wait for the pod network (which
     waits for pod CIDRs): it runs as the chart's DaemonSet (`daemonSet.enabled`), on the control planes'
@@ -179,6 +181,7 @@ def ccm_values(settings: Settings) -> dict[str, Any]:
     else:
         values["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": dict(CCM_SELECTOR)}, "topologyKey": "kubernetes.io/hostname"}]}}
+    values.update(ccm_topology_values(settings))  # the nodes' region and zone, for the Proxmox CSI plugin
     return deep_merge(values, ccm.values)
 
 

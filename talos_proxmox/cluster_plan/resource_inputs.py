@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from talos_proxmox.image_factory import images
 from talos_proxmox.cluster_plan import node_patches as derived_patches
+from talos_proxmox.cluster_plan import storage_values
 from talos_proxmox.cluster_plan.node_patches import node_patches
 from talos_proxmox.settings.model import NodeSettings, Settings
 
@@ -96,7 +97,7 @@ def proxmox_paths(settings: Settings) -> dict[str, Any]:
     px = settings.proxmox
     return dict(hosts=list(dict.fromkeys([*iso_hosts(settings), *(n.proxmox_node for n in settings.nodes)])),
                 vm_datastore=px.vm_datastore, iso_datastore=px.iso_datastore, bridge=px.bridge,
-                vm_ids=[n.vm_id for n in settings.nodes])
+                vm_ids=[n.vm_id for n in settings.nodes], access_users=storage_values.proxmox_users(settings))
 
 
 def vm_made_with(settings: Settings) -> dict[str, Any]:

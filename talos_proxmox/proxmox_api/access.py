@@ -24,6 +24,41 @@ SOURCES = {
 DEFAULT_PORT = 8006
 
 
+def _settings(config_get: Callable[[str], Any],
+              environ: Optional[Mapping[str, str]]) -> Callable[[str], Optional[str]]:
+    environ = os.environ if environ is None else environ
+
+    def setting(name: str) -> Optional[str]:
+        key, variable = SOURCES[name]
+        value = config_get(key)
+        if value is None or value == "":
+            value = environ.get(variable) or None
+        return None if value is None else str(value)
+    return setting
+
+
+def _endpoint(setting: Callable[[str], Optional[str]]) -> tuple[urllib.parse.SplitResult, bool]:
+    endpoint = setting("endpoint")
+    if not endpoint:
+        raise ProxmoxAccessError("proxmoxve:endpoint is not set (nor PROXMOX_VE_ENDPOINT): expected the "
+                                 "Proxmox API's URL, e.g. https://pve.lab.local:8006/")
+    url = urllib.parse.urlsplit(endpoint)
+    if url.scheme not in ("https", "http") or not url.hostname:
+        raise ProxmoxAccessError(f"proxmoxve:endpoint: {endpoint!r} is not a URL; expected e.g. "
+                                 "https://pve.lab.local:8006/")
+    insecure = (setting("insecure") or "false").strip().lower()
+    if insecure not in ("true", "false", "1", "0"):
+        raise ProxmoxAccessError(f"proxmoxve:insecure: {insecure!r} is not true or false")
+    return url, insecure in ("false", "0")
+
+
+def api_endpoint(config_get: Callable[[str], Any], environ: Optional[Mapping[str, str]] = None) -> tuple[str, bool]:
+    """The API's JSON root (what plugins in the cluster are given) and whether its certificate is verified,
+    from the provider's endpoint and insecure settings; no credential is read."""
+    url, verify_tls = _endpoint(_settings(config_get, environ))
+    return f"{url.scheme}://{url.netloc}/api2/json", verify_tls
+
+
 class ProxmoxAccessError(ValueError):
     """The Proxmox API cannot be reached with what the stack and the environment give; names the keys."""
 
@@ -43,27 +78,9 @@ class ProxmoxAccess:
                       environ: Optional[Mapping[str, str]] = None) -> "ProxmoxAccess":
         """From a config lookup by full key (a dynamic provider's `ConfigureRequest.config.get`) and the
         environment, each setting from the config first, as the provider takes it."""
-        environ = os.environ if environ is None else environ
-
-        def setting(name: str) -> Optional[str]:
-            key, variable = SOURCES[name]
-            value = config_get(key)
-            if value is None or value == "":
-                value = environ.get(variable) or None
-            return None if value is None else str(value)
-
-        endpoint = setting("endpoint")
-        if not endpoint:
-            raise ProxmoxAccessError("proxmoxve:endpoint is not set (nor PROXMOX_VE_ENDPOINT): expected the "
-                                     "Proxmox API's URL, e.g. https://pve.lab.local:8006/")
-        url = urllib.parse.urlsplit(endpoint)
-        if url.scheme not in ("https", "http") or not url.hostname:
-            raise ProxmoxAccessError(f"proxmoxve:endpoint: {endpoint!r} is not a URL; expected e.g. "
-                                     "https://pve.lab.local:8006/")
-        insecure = (setting("insecure") or "false").strip().lower()
-        if insecure not in ("true", "false", "1", "0"):
-            raise ProxmoxAccessError(f"proxmoxve:insecure: {insecure!r} is not true or false")
-        common = dict(host=url.hostname, port=url.port or DEFAULT_PORT, verify_tls=insecure in ("false", "0"))
+        setting = _settings(config_get, environ)
+        url, verify_tls = _endpoint(setting)
+        common = dict(host=url.hostname, port=url.port or DEFAULT_PORT, verify_tls=verify_tls)
         token = setting("api_token")
         if token:
             user_and_name, separator, value = token.partition("=")

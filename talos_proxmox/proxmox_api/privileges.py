@@ -27,9 +27,11 @@ def _on(path: str, *privileges: str) -> Grants:
 
 
 def needs(hosts: Sequence[str], vm_datastore: str, iso_datastore: str, bridge: str,
-          vm_ids: Iterable[int | None]) -> list[Need]:
+          vm_ids: Iterable[int | None], access_users: Sequence[str] = ()) -> list[Need]:
     """What the program's calls need on a cluster's Proxmox paths (hosts its VMs and ISOs are on, its
-    datastores, its bridge, its VM ids; None: the id PVE picks, checked on /vms)."""
+    datastores, its bridge, its VM ids; None: the id PVE picks, checked on /vms), and, for each user it makes
+    for a plugin in the cluster (`access_users`, USER@pve), what making its role, user, token and ACL entry
+    needs (PVE's API schema: roles, users, ACL)."""
     found = []
     for host in dict.fromkeys(hosts):
         found.append(Need(f"download the Talos ISO onto {host} (query-url-metadata, download-url)", (
@@ -45,6 +47,11 @@ def needs(hosts: Sequence[str], vm_datastore: str, iso_datastore: str, bridge: s
             _on(path, "VM.Allocate", "VM.Audit", "VM.PowerMgmt", "VM.Config.Disk", "VM.Config.CDROM",
                 "VM.Config.CPU", "VM.Config.Memory", "VM.Config.Network", "VM.Config.Options",
                 "VM.Config.HWType"),)))
+    for user in dict.fromkeys(access_users):
+        found.append(Need(f"make the Proxmox role and user {user} (with its API token) for a plugin in the cluster", (
+            _on("/access", "Sys.Modify") + _on(f"/access/realm/{user.rsplit('@', 1)[-1]}", "Realm.AllocateUser")
+            + _on("/access/groups", "User.Modify"),)))
+        found.append(Need(f"give {user} its role on /", (_on("/", "Permissions.Modify"),)))
     return found
 
 

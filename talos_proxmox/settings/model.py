@@ -13,7 +13,8 @@ PROJECT = "talos-proxmox"
 ROLES = ("controlplane", "worker")
 
 
-TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "health", "lifecycle")
+TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "csi", "health",
+                  "lifecycle")
 
 
 # Bounds no Proxmox host gives beyond: QEMU's vCPU limit, PVE's 4 TiB memory maximum, and 64 TiB disks.
@@ -66,6 +67,17 @@ DEFAULT_KUBERNETES_VERSIONS = {"v1.12": "1.35.0", "v1.13": "1.36.2", "v1.14": "1
 
 # siderolabs/talos-cloud-controller-manager charts/: chart 0.5.4 ships CCM v1.12.0.
 DEFAULT_CCM_CHART_VERSION = "0.5.4"
+
+
+# sergelogvinov/proxmox-csi-plugin and proxmox-cloud-controller-manager: the charts in ../shared/charts.
+DEFAULT_CSI_CHART = "oci://ghcr.io/sergelogvinov/charts/proxmox-csi-plugin"
+DEFAULT_CSI_CHART_VERSION = "0.5.9"
+DEFAULT_PROXMOX_CCM_CHART = "oci://ghcr.io/sergelogvinov/charts/proxmox-cloud-controller-manager"
+DEFAULT_PROXMOX_CCM_CHART_VERSION = "0.2.27"
+
+
+# Who puts the topology labels (region: the Proxmox cluster, zone: the node's Proxmox host) on the nodes.
+TOPOLOGY_LABEL_SOURCES = ("talos-ccm", "proxmox-ccm")
 
 
 DEFAULT_HEALTH_TIMEOUT_SECONDS = 600
@@ -141,6 +153,8 @@ class ProxmoxSettings:
     cpu_type: str
     tags: tuple[str, ...]
     iso_datastore_shared: bool = False  # one ISO every Proxmox host sees, instead of one per host
+    # Datastores besides vm_datastore that every Proxmox host of the stack has (for csi.storageClasses).
+    datastores: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -226,6 +240,33 @@ class CcmSettings:
 
 
 @dataclass(frozen=True)
+class StorageClassSettings:
+    """A StorageClass of the Proxmox CSI plugin: volumes are disks on `datastore`, attached to the node's VM."""
+    name: str
+    datastore: str
+    reclaim_policy: str = "Delete"
+    fs_type: str = "ext4"
+    cache: Optional[str] = None  # PVE's disk cache mode; None: the datastore's default
+    ssd: bool = False
+    default: bool = False  # the cluster's default StorageClass
+
+
+@dataclass(frozen=True)
+class CsiSettings:
+    """The Proxmox CSI plugin (off by default) and who labels the nodes with their Proxmox region and zone."""
+    enabled: bool = False
+    chart: str = DEFAULT_CSI_CHART
+    version: str = DEFAULT_CSI_CHART_VERSION
+    region: str = ""  # the Proxmox cluster's name, as topology.kubernetes.io/region
+    topology_labels: str = "talos-ccm"
+    proxmox_ccm_chart: str = DEFAULT_PROXMOX_CCM_CHART
+    proxmox_ccm_version: str = DEFAULT_PROXMOX_CCM_CHART_VERSION
+    storage_classes: tuple[StorageClassSettings, ...] = ()
+    values: Mapping[str, Any] = field(default_factory=dict)
+    timeout_seconds: int = DEFAULT_RELEASE_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
 class EtcdSnapshots:
     """Where the etcd snapshot taken before each control plane's upgrade or removal goes (relative paths
     are to the project directory), and how many of the cluster's are kept."""
@@ -259,6 +300,7 @@ class Settings:
     cilium: CiliumSettings
     hubble: HubbleSettings
     ccm: CcmSettings
+    csi: CsiSettings = field(default=CsiSettings())
     health: HealthSettings = field(default=HealthSettings())
     lifecycle: LifecycleSettings = field(default=LifecycleSettings())
     warnings: tuple[str, ...] = field(default=())

@@ -48,7 +48,7 @@ _STORAGE_EXPECTED = "is not a Proxmox datastore id (expected e.g. local-lvm: a l
 
 def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
     s = r.section(raw, "proxmox", ("node", "vmDatastore", "isoDatastore", "isoDatastoreShared", "bridge", "cpuType",
-                                   "tags"))
+                                   "tags", "datastores"))
     return ProxmoxSettings(
         node=r.value(s, "node", "proxmox.node", _matching(_PROXMOX_NODE),
                      "is not a Proxmox node name (expected e.g. pve)"),
@@ -66,6 +66,9 @@ def _read_proxmox(r: _Reader, raw: Any) -> ProxmoxSettings:
                      "'-', '+' or '.')", default=()),
         iso_datastore_shared=r.value(s, "isoDatastoreShared", "proxmox.isoDatastoreShared", _bool,
                                      "is not true or false", default=False),
+        datastores=r.value(s, "datastores", "proxmox.datastores", _list_of(_matching(_STORAGE_ID)),
+                           "is not a list of Proxmox datastore ids (datastores besides vmDatastore that every "
+                           "Proxmox host of the stack has, e.g. [ceph-rbd])", default=()),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, Collection, Mapping, Optional
 
 from talos_proxmox.settings.addons import _check_addons, _read_ccm, _read_cilium, _read_hubble
 from talos_proxmox.settings.cluster import _read_cluster
+from talos_proxmox.settings.storage import _check_csi, _read_csi
 from talos_proxmox.settings.image import _read_image
 from talos_proxmox.settings.lifecycle import _read_health, _read_lifecycle
 from talos_proxmox.settings.model import (
@@ -184,9 +185,11 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     cilium = _read_cilium(r, raw.get("cilium"))
     hubble = _read_hubble(r, raw.get("hubble"))
     ccm = _read_ccm(r, raw.get("ccm"))
+    csi = _read_csi(r, raw.get("csi"), cluster.get("name"))
     health = _read_health(r, raw.get("health"))
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
+    _check_csi(r, csi, proxmox, ccm)
     _check_boot(r, cluster, image)
     _check_cloud_init(r, image, nodes, raw_nodes)
     if r.problems:
@@ -200,6 +203,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
         cilium=cilium,
         hubble=hubble,
         ccm=ccm,
+        csi=csi,
         health=health,
         lifecycle=lifecycle,
         warnings=tuple(r.warnings),

@@ -65,6 +65,9 @@ class Registration:
     inputs: dict  # as registered, with the pickled provider of dynamic resources removed
 
 
+MOCK_TOKEN_SECRET = "0d1c4e5f-mock-token-secret"
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Echoes inputs back as outputs with an id, as a create that changes nothing would."""
 
@@ -74,6 +77,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.typ == "proxmoxve:download/file:File":
             file_id = f"{args.inputs.get('datastoreId')}:iso/{args.inputs.get('fileName')}"
             return file_id, outputs
+        if args.typ == "proxmoxve:user/token:Token":
+            # PVE answers a token's secret once, at its creation; the provider's `value` is the full token.
+            token_id = f"{args.inputs['userId']}!{args.inputs['tokenName']}"
+            return token_id, {**outputs, "value": f"{token_id}={MOCK_TOKEN_SECRET}"}
         if args.typ.startswith("pulumi-python:dynamic") and set(SCHEMATIC_INPUTS) <= set(outputs):
             # The Schematic provider's create computes its outputs locally; do the same here.
             outputs.update(schematic_outputs(outputs))

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from talos_proxmox.cluster_plan.addon_values import ccm_values, cilium_values
+from talos_proxmox.cluster_plan.storage_values import csi_values, proxmox_ccm_values
 from talos_proxmox.settings.stack import load_settings, stack_file_config
 from tests.paths import SHARED, STACKS
 
@@ -64,7 +65,14 @@ VARIANTS = {
     "hubble-nodeport": settings_of("test-cluster", hubble={"enabled": True, "ui": True, "uiServiceType": "NodePort"}),
     "load-balancer": settings_of("test-cluster", cilium={"loadBalancerAddresses": ["10.255.200.60-10.255.200.69"]}),
     "kubespan": settings_of("test-cluster", cluster={"kubespan": {"enabled": True}}),
+    "csi": settings_of("test-cluster", proxmox={"datastores": ["ceph-vm"]}, csi={
+        "enabled": True, "storageClasses": [
+            {"name": "a", "datastore": "local-lvm", "default": True, "ssd": True, "cache": "writeback"},
+            {"name": "b", "datastore": "ceph-vm", "fsType": "xfs", "reclaimPolicy": "Retain"}]}),
+    "csi-proxmox-ccm": settings_of("test-cluster", ccm={"controllers": ["node-csr-approval"]}, csi={
+        "enabled": True, "topologyLabels": "proxmox-ccm", "storageClasses": [{"name": "a", "datastore": "local-lvm"}]}),
 }
+CSI_VARIANTS = ("csi", "csi-proxmox-ccm")
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -101,3 +109,24 @@ def test_the_walk_finds_a_key_the_chart_does_not_have():
     assert list(unknown_keys({"useDaemonSet": True, "daemonSet": {"enabld": True}}, defaults)) == [
         "useDaemonSet", "daemonSet.enabld"]
     assert list(unknown_keys({"podAnnotations": {"any": "thing"}, "extraArgs": ["--x"]}, defaults)) == []
+
+
+@pytest.mark.parametrize("variant", CSI_VARIANTS)
+def test_every_csi_and_proxmox_ccm_value_is_a_key_of_its_chart(variant):
+    settings = VARIANTS[variant]
+    csi_defaults = yaml.safe_load(chart_file("proxmox-csi-plugin", settings.csi.version, "values.yaml"))
+    assert list(unknown_keys(csi_values(settings), csi_defaults)) == []
+    ccm_defaults = yaml.safe_load(chart_file("proxmox-cloud-controller-manager", settings.csi.proxmox_ccm_version,
+                                             "values.yaml"))
+    assert list(unknown_keys(proxmox_ccm_values(settings), ccm_defaults)) == []
+
+
+def test_each_storage_class_key_is_one_the_chart_s_template_reads():
+    """`storageClass` is a list (default examples only): its items' keys are checked against the template."""
+    version = VARIANTS["csi"].csi.version
+    template = (chart_file("proxmox-csi-plugin", version, "templates/storageclass.yaml")
+                + chart_file("proxmox-csi-plugin", version, "templates/_storage.tpl")).decode()
+    keys = {key for item in csi_values(VARIANTS["csi"])["storageClass"] for key in item}
+    assert keys == {"name", "storage", "reclaimPolicy", "fstype", "cache", "ssd", "annotations"}
+    for key in keys:
+        assert f"$storage.{key}" in template or f".{key} " in template or f".{key} |" in template, key

@@ -36,3 +36,14 @@ def test_each_vm_id_and_the_id_pve_picks_are_checked_on_their_own_paths():
 def test_a_privilege_granted_on_another_branch_or_switched_off_does_not_count():
     assert privileges.effective({"/vms/91": {"VM.Audit": 1}, "/vms/9101": {"VM.Allocate": 0}}, "/vms/9101") == set()
     assert privileges.effective({"/storage": {"Datastore.Audit": 1}}, "/storage/local") == {"Datastore.Audit"}
+
+
+def test_a_plugin_user_needs_the_access_privileges_and_each_missing_one_is_named():
+    with_csi = privileges.needs(["pve"], "local-lvm", "local", "vmbr0", [9101], access_users=["lab-csi@pve"])
+    access = {"Sys.Modify", "Realm.AllocateUser", "User.Modify", "Permissions.Modify"}
+    assert privileges.missing(with_csi, held_on_root(ROLE | access)) == []
+    assert privileges.missing(with_csi, held_on_root(ROLE)) == [
+        "the Proxmox API token may not make the Proxmox role and user lab-csi@pve (with its API token) for a plugin "
+        "in the cluster: it lacks Sys.Modify on /access, Realm.AllocateUser on /access/realm/pve, User.Modify on "
+        "/access/groups",
+        "the Proxmox API token may not give lab-csi@pve its role on /: it lacks Permissions.Modify on /"]

@@ -311,3 +311,17 @@ def test_only_a_change_of_a_deployed_cluster_name_is_a_rename():
     assert cluster_rename_problem("dev", "dev") is None
     assert cluster_rename_problem("dev", "prod").startswith(
         "talos-proxmox:cluster.name: 'prod' renames the deployed cluster 'dev'")
+
+
+def test_csi_is_off_by_default_and_its_region_defaults_to_the_cluster_name():
+    s = load_settings(stack("test-cluster"))
+    assert not s.csi.enabled and s.csi.storage_classes == () and s.proxmox.datastores == ()
+    raw = stack("test-cluster")
+    raw["proxmox"] = {**raw["proxmox"], "datastores": ["ceph-vm"]}
+    raw["csi"] = {"enabled": True, "storageClasses": [{"name": "data", "datastore": "ceph-vm"}]}
+    s = load_settings(raw)
+    assert (s.csi.region, s.csi.topology_labels, s.csi.chart, s.csi.version) == (
+        "test-cluster", "talos-ccm", "oci://ghcr.io/sergelogvinov/charts/proxmox-csi-plugin", "0.5.9")
+    [sc] = s.csi.storage_classes
+    assert (sc.name, sc.datastore, sc.reclaim_policy, sc.fs_type, sc.cache, sc.ssd, sc.default) == (
+        "data", "ceph-vm", "Delete", "ext4", None, False, False)
