@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 import yaml
 
-from talos_proxmox.cluster_plan import addon_values
+from talos_proxmox.cluster_plan import addon_values, storage_values
 from talos_proxmox.image_factory import images
 from talos_proxmox.talos_config import machine_config, client_config, secrets_bundle
 from talos_proxmox.cluster_plan.resource_inputs import image_facts, machine_config_inputs, talosconfig_inputs
@@ -33,6 +33,8 @@ SCHEMATIC_ID_FILE = "schematic-id"
 CILIUM_VALUES_FILE = "cilium-values.yaml"
 CILIUM_LOAD_BALANCER_FILE = "cilium-load-balancer.yaml"
 CCM_VALUES_FILE = "talos-ccm-values.yaml"
+CSI_VALUES_FILE = "proxmox-csi-values.yaml"
+PROXMOX_CCM_VALUES_FILE = "proxmox-ccm-values.yaml"
 # (settings.stack.RENDER_OUTPUT_FILES lists these, so no node is named like one of them.)
 # Which stack an output directory was rendered for: its secrets.yaml is that cluster's identity.
 STACK_MARKER = ".talos-proxmox-stack"
@@ -95,6 +97,10 @@ def helm_values(settings: Settings) -> dict[str, dict]:
         values[CILIUM_VALUES_FILE] = addon_values.cilium_values(settings)
     if settings.ccm.enabled:
         values[CCM_VALUES_FILE] = addon_values.ccm_values(settings)
+    if settings.csi.enabled:  # no token in them: the plugins read theirs from a Secret of the program's
+        values[CSI_VALUES_FILE] = storage_values.csi_values(settings)
+        if settings.csi.topology_labels == "proxmox-ccm":
+            values[PROXMOX_CCM_VALUES_FILE] = storage_values.proxmox_ccm_values(settings)
     return values
 
 

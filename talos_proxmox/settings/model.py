@@ -49,7 +49,8 @@ KUBERNETES_RANGES = {"v1.12": ((1, 30), (1, 35)), "v1.13": ((1, 31), (1, 36)), "
 
 # The render command writes these beside <node>.yaml; a node of the same name would overwrite one.
 RENDER_OUTPUT_FILES = ("secrets.yaml", "talosconfig", "schematic.yaml", "schematic-id", "cilium-values.yaml",
-                       "cilium-load-balancer.yaml", "talos-ccm-values.yaml")
+                       "cilium-load-balancer.yaml", "talos-ccm-values.yaml", "proxmox-csi-values.yaml",
+                       "proxmox-ccm-values.yaml")
 
 
 DEFAULT_TALOS_VERSION = "v1.13.7"

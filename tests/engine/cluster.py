@@ -23,7 +23,9 @@ too, as no container runs: Cilium's operator registers its LB-IPAM CRDs (Cilium'
 chart's release, .tools/cilium-crds) once its pod is scheduled, and the CCM's node controller lifts the
 `node.cloudprovider.kubernetes.io/uninitialized` taint, which each node registers with when the stack runs
 an external cloud provider (Talos then starts its kubelet with `--cloud-provider=external`), once a CCM
-pod is Ready. The charts come from mirrors the test
+pod is Ready, giving it first the labels its node transformations say (the `ccm-config.yaml` the chart
+rendered into its ConfigMap: `platformMetadata` Region and Zone as the topology labels, for rules selecting
+hostnames with `In`; the real CCM has more operators and keys). The charts come from mirrors the test
 serves over HTTPS (tests/stand_ins/chart_sources.py): Cilium from a Helm repository whose CA the stack
 names in `cilium.caFile`, the CCM from an OCI registry whose CA the CLI's processes trust through
 SSL_CERT_FILE (the Kubernetes provider's OCI pulls take no CA file: see KubernetesWiring).
@@ -263,6 +265,11 @@ class EngineCluster(StandInCluster):
 
 CILIUM_CHART_FILE = "cilium-1.19.6.tgz"
 CCM_CHART_FILE = "talos-cloud-controller-manager-0.5.4.tgz"
+CSI_CHART_FILE = "proxmox-csi-plugin-0.5.9.tgz"
+PROXMOX_CCM_CHART_FILE = "proxmox-cloud-controller-manager-0.2.27.tgz"
+CSI_REPOSITORY = "sergelogvinov/charts/proxmox-csi-plugin"
+PROXMOX_CCM_REPOSITORY = "sergelogvinov/charts/proxmox-cloud-controller-manager"
+CCM_CONFIG_MAP = "/api/v1/namespaces/kube-system/configmaps/talos-cloud-controller-manager"
 CCM_REPOSITORY = "siderolabs/charts/talos-cloud-controller-manager"
 CONTROL_PLANE_LABEL = "node-role.kubernetes.io/control-plane"
 STATIC_PODS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
@@ -401,6 +408,9 @@ class KubernetesWiring:
                                               {CILIUM_CHART_FILE: (CHARTS / CILIUM_CHART_FILE).read_bytes()})
         self.oci_registry = OciRegistry(self.registry_ca)
         self.ccm_chart = self.oci_registry.push(CCM_REPOSITORY, (CHARTS / CCM_CHART_FILE).read_bytes())
+        self.csi_chart = self.oci_registry.push(CSI_REPOSITORY, (CHARTS / CSI_CHART_FILE).read_bytes())
+        self.proxmox_ccm_chart = self.oci_registry.push(PROXMOX_CCM_REPOSITORY,
+                                                        (CHARTS / PROXMOX_CCM_CHART_FILE).read_bytes())
         self.cilium_crds_registered = False
         self.initialized_by_ccm: list[str] = []  # Nodes whose uninitialized taint the played CCM lifted, in order
         threading.Thread(target=self._play_controllers, daemon=True, name="played-controllers").start()
@@ -418,6 +428,10 @@ class KubernetesWiring:
         return {"cilium": {"enabled": True, "repository": self.helm_repository.url,
                            "caFile": str(self.repository_ca.ca_file)},
                 "ccm": {"enabled": True, "chart": self.ccm_chart}}
+
+    def csi_settings(self, **csi) -> dict:
+        """A `csi` section installing the Proxmox CSI plugin (and the Proxmox CCM) from the registry."""
+        return {"enabled": True, "chart": self.csi_chart, "proxmoxCcmChart": self.proxmox_ccm_chart, **csi}
 
     def cli_env(self) -> dict[str, str]:
         """The CLI's (and so its plugins') environment: the registry's CA as the only trusted roots (Helm's
@@ -590,16 +604,39 @@ class KubernetesWiring:
         self.cilium_crds_registered = True
 
     def _initialize_nodes(self) -> None:
-        """As the CCM's node controller does: each Node's uninitialized taint lifted."""
+        """As the CCM's node controller does: each Node's uninitialized taint lifted, with the topology
+        labels of the transformations in the CCM's config."""
+        labels_by_node = self._transformation_labels()
         for node in self.kube.request("GET", "/api/v1/nodes").json()["items"]:
             taints = (node.get("spec") or {}).get("taints") or []
             if any(t["key"] == UNINITIALIZED_TAINT for t in taints):
                 kept = [t for t in taints if t["key"] != UNINITIALIZED_TAINT]
                 name = node["metadata"]["name"]
-                response = self.kube.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"taints": kept or None}})
+                change: dict = {"spec": {"taints": kept or None}}
+                if labels_by_node.get(name):
+                    change["metadata"] = {"labels": labels_by_node[name]}
+                response = self.kube.request("PATCH", f"/api/v1/nodes/{name}", change)
                 if response.status_code != 200:
                     raise RuntimeError(f"Node {name}: untaint: HTTP {response.status_code}: {response.text[:300]}")
                 self.initialized_by_ccm.append(name)
+
+    def _transformation_labels(self) -> dict[str, dict[str, str]]:
+        response = self.kube.request("GET", CCM_CONFIG_MAP)
+        if response.status_code != 200:
+            return {}
+        config = yaml.safe_load(response.json().get("data", {}).get("ccm-config.yaml") or "") or {}
+        labels: dict[str, dict[str, str]] = {}
+        for rule in (config.get("global") or {}).get("transformations") or ():
+            metadata = rule.get("platformMetadata") or {}
+            topology = {key: metadata[field] for key, field in (("topology.kubernetes.io/region", "Region"),
+                                                                ("topology.kubernetes.io/zone", "Zone"))
+                        if metadata.get(field)}
+            for selector in rule.get("nodeSelector") or ():
+                for expression in selector.get("matchExpressions") or ():
+                    if expression.get("key", "").lower() == "hostname" and expression.get("operator") == "In":
+                        for hostname in expression.get("values") or ():
+                            labels.setdefault(hostname, {}).update({**(rule.get("labels") or {}), **topology})
+        return labels
 
     def wire(self, cluster: EngineCluster) -> None:
         """Point `cluster`'s nodes at the real control plane: kubeconfigs, registration, bootstrap."""

@@ -42,9 +42,9 @@ def rendered(tmp_path_factory):
 def test_writes_every_node_config_talosconfig_schematic_and_helm_values(rendered):
     names = {p.name for p in rendered.iterdir()}
     assert {f"{n}.yaml" for n in NODES} <= names
-    # Every fixed name the settings reserve, but the LB pool file (the stack has no pool).
+    # Every fixed name the settings reserve, but the LB pool's and the CSI plugin's (the stack has neither).
     assert names - {f"{n}.yaml" for n in NODES} == {*RENDER_OUTPUT_FILES, render.STACK_MARKER} - {
-        render.CILIUM_LOAD_BALANCER_FILE}
+        render.CILIUM_LOAD_BALANCER_FILE, render.CSI_VALUES_FILE, render.PROXMOX_CCM_VALUES_FILE}
     for path in rendered.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
 
@@ -240,6 +240,25 @@ def test_a_load_balancer_pool_is_written_with_the_ui_service(tmp_path, capsys):
     documents = list(yaml.safe_load_all((out / "cilium-load-balancer.yaml").read_text()))
     assert [d["kind"] for d in documents] == ["CiliumLoadBalancerIPPool", "CiliumL2AnnouncementPolicy", "Service"]
     assert documents[0]["spec"] == {"blocks": [{"cidr": "10.10.0.60/30"}]}
+
+
+def test_the_csi_plugin_s_values_are_written_with_the_ccm_s_transformations_and_no_token(tmp_path, capsys):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    config = yaml.safe_load((REPO / "stacks" / "Pulumi.dev.yaml").read_text())
+    config["config"]["talos-proxmox:ccm"] = {"enabled": True}
+    config["config"]["talos-proxmox:csi"] = {"enabled": True, "region": "lab",
+                                             "storageClasses": [{"name": "data", "datastore": "local-lvm"}]}
+    (stacks / "Pulumi.csi.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "out"
+    assert render.main(["--stack", "csi", "--out", str(out), "--stacks-dir", str(stacks)]) == 0
+    csi = yaml.safe_load((out / "proxmox-csi-values.yaml").read_text())
+    assert csi["existingConfigSecret"] == "proxmox-csi-plugin-config" and "config" not in csi
+    assert csi["storageClass"] == [{"name": "data", "storage": "local-lvm", "reclaimPolicy": "Delete",
+                                    "fstype": "ext4"}]
+    ccm = yaml.safe_load((out / "talos-ccm-values.yaml").read_text())
+    assert ccm["transformations"][0]["platformMetadata"] == {"Region": "lab", "Zone": "pve"}
+    assert not (out / "proxmox-ccm-values.yaml").exists()
 
 
 @pytest.mark.parametrize("text", ["", "# a stack to fill in\n", "config:\n", "config: {}\n"],
