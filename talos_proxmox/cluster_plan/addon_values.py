@@ -169,7 +169,8 @@ def ccm_values(settings: Settings) -> dict[str, Any]:
     With node IPAM the CCM is the only pod-CIDR allocator, so it cannot wait for the pod network (which
     waits for pod CIDRs): it runs as the chart's DaemonSet (`daemonSet.enabled`), on the control planes'
     host network, tolerating not-ready nodes (the chart adds that toleration in this mode). Otherwise
-    it is a Deployment whose replicas go to different control planes, so one node's loss keeps one.
+    it is a Deployment whose replicas go to different control planes, so one node's loss keeps one,
+    replaced by Recreate when its replicas take every control plane.
     """
     ccm = settings.ccm
     values: dict[str, Any] = {"replicaCount": ccm.replicas, "enabledControllers": list(ccm.controllers)}
@@ -181,6 +182,11 @@ def ccm_values(settings: Settings) -> dict[str, Any]:
     else:
         values["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"labelSelector": {"matchLabels": dict(CCM_SELECTOR)}, "topologyKey": "kubernetes.io/hostname"}]}}
+        if ccm.replicas >= len(settings.control_planes):
+            # A rolling update surges a new pod before an old one goes, and no control plane is free of a
+            # CCM pod for it: every values change would hang until Helm rolled it back. The chart writes
+            # only the strategy's type, so the old pods go first (the CCM is away for a pod's start).
+            values["updateStrategy"] = {"type": "Recreate"}
     values.update(ccm_topology_values(settings))  # the nodes' region and zone, for the Proxmox CSI plugin
     return deep_merge(values, ccm.values)
 

@@ -626,7 +626,7 @@ class KubernetesWiring:
             return {}
         config = yaml.safe_load(response.json().get("data", {}).get("ccm-config.yaml") or "") or {}
         labels: dict[str, dict[str, str]] = {}
-        for rule in (config.get("global") or {}).get("transformations") or ():
+        for rule in config.get("transformations") or ():  # beside `global`, as the CCM's cloudConfig reads it
             metadata = rule.get("platformMetadata") or {}
             topology = {key: metadata[field] for key, field in (("topology.kubernetes.io/region", "Region"),
                                                                 ("topology.kubernetes.io/zone", "Zone"))

@@ -25,7 +25,7 @@ from tests.engine.test_addons import _get, deploy
 
 pytestmark = pytest.mark.engine
 
-NODES = [("storage-cp-1", "controlplane", "127.0.0.82"), ("storage-worker-1", "worker", "127.0.0.83")]
+NODES = [("storage-cp-1", "controlplane", "127.0.0.112"), ("storage-worker-1", "worker", "127.0.0.113")]
 HOSTS = {"storage-cp-1": "pve", "storage-worker-1": "pve2"}
 TALOS = "v1.13.7"
 REGION = "engine-pve"
@@ -57,6 +57,8 @@ def pve_access(cluster: EngineCluster) -> dict:
 def storage(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("storage")
     with engine_cluster(tmp, NODES, TALOS, addons=True) as (cluster, project):
+        for host in set(HOSTS.values()):
+            cluster.pve.add_node(host)  # the Proxmox cluster's members
         first = deploy(cluster, project, stack_config(cluster, tmp / "secrets.yaml", csi=True), tmp / "render-first")
         pve = cluster.pve
         made = {
@@ -74,6 +76,8 @@ def storage(tmp_path_factory):
             "node plugin": _get(cluster, "/apis/apps/v1/namespaces/csi-proxmox/daemonsets/proxmox-csi-plugin-node"),
             "nodes": {n["metadata"]["name"]: n["metadata"].get("labels", {})
                       for n in _get(cluster, "/api/v1/nodes")["items"]},
+            "played": (list(cluster.kubernetes.errors), list(cluster.kubernetes.initialized_by_ccm)),
+            "ccm config": _get(cluster, "/api/v1/namespaces/kube-system/configmaps/talos-cloud-controller-manager"),
         }
         kept = cluster.kubernetes.kube.request("POST", "/api/v1/persistentvolumes", {
             "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": VOLUME},
@@ -142,6 +146,14 @@ def test_the_api_server_holds_the_release_the_classes_and_the_workloads_on_the_r
 
 
 def test_each_node_carries_the_region_and_its_proxmox_host_as_zone(storage):
+    errors, initialized = storage["made"]["played"]
+    assert errors == [] and sorted(initialized) == sorted(HOSTS), (errors, initialized)
+    config = yaml.safe_load(storage["made"]["ccm config"]["data"]["ccm-config.yaml"])
+    # The chart writes them beside `global` (talos-cloud-controller-manager's cloudConfig reads them there).
+    assert config == {"global": None, "transformations": [
+        {"name": f"proxmox-{host}", "nodeSelector": [{"matchExpressions": [
+            {"key": "hostname", "operator": "In", "values": [name]}]}],
+         "platformMetadata": {"Region": REGION, "Zone": host}} for name, host in HOSTS.items()]}
     nodes = storage["made"]["nodes"]
     for name, host in HOSTS.items():
         labels = nodes[name]

@@ -122,6 +122,17 @@ def test_seed_stack_gives_the_seed_ccm_values_spread_over_control_planes():
     assert "daemonSet" not in values
 
 
+def test_replicas_on_every_control_plane_are_recreated_since_no_node_is_free_for_a_surge_pod():
+    """The seed's 2 replicas on 3 control planes roll (a surge pod fits on the third); 3 on 3, or the dev
+    stack's 1 on 1, would leave a rolling update's new pod Pending under the anti-affinity until Helm's
+    timeout, so the old pods go first."""
+    assert "updateStrategy" not in ccm_values(load_settings(raw_stack()))
+    assert ccm_values(settings_with(ccm={"replicas": 3}))["updateStrategy"] == {"type": "Recreate"}
+    single = stack_file_config(str(STACKS / "Pulumi.dev.yaml"))
+    single["ccm"] = {"enabled": True}
+    assert ccm_values(load_settings(single))["updateStrategy"] == {"type": "Recreate"}
+
+
 def test_node_ipam_runs_the_ccm_as_a_host_network_daemonset_tolerating_not_ready_nodes():
     """The CCM allocates pod CIDRs; Cilium needs them; so the CCM must not need Cilium's pod network."""
     values = ccm_values(settings_with(ccm={"nodeIpam": {"maskSizeIpv4": 24}}))
