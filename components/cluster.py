@@ -110,6 +110,7 @@ class TalosCluster(pulumi.ComponentResource):
         first = settings.bootstrap_node
         self.bootstrap = Bootstrap(
             "bootstrap", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
+            recover_from=c.recover_from, recover_from_sha256=c.recover_from_sha256,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nodes[first.name].apply]))
         self.kubeconfig_resource = Kubeconfig(
             "kubeconfig", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,

@@ -269,18 +269,34 @@ class NodesInstalled(dynamic.Resource):
 
 class BootstrapProvider(_TalosNodeProvider):
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        snapshot = None
+        if props.get("recover_from"):
+            with open(props["recover_from"], "rb") as f:
+                snapshot = f.read()
+            note("create", f"recovering etcd on {props['node']} from {props['recover_from']} "
+                           f"({len(snapshot)} bytes): uploading, then bootstrapping from it")
         bootstrapped_now = operations.bootstrap_etcd(props["node"], props["talosconfig"],
-                                                     endpoint=props.get("endpoint"), timeout=_timeout(props))
+                                                     endpoint=props.get("endpoint"), timeout=_timeout(props),
+                                                     recover_from=snapshot)
+        if snapshot is not None and not bootstrapped_now:
+            note("create", f"etcd on {props['node']} holds data already: Talos refused to recover it from "
+                           f"{props['recover_from']}, and the cluster goes on with the data it has")
         outs = {"node": props["node"], "endpoint": props.get("endpoint"),
-                "timeout_seconds": props.get("timeout_seconds"), "already_bootstrapped": not bootstrapped_now}
+                "timeout_seconds": props.get("timeout_seconds"), "already_bootstrapped": not bootstrapped_now,
+                "recover_from": props.get("recover_from"), "recover_from_sha256": props.get("recover_from_sha256")}
         return dynamic.CreateResult(id_=f"bootstrap-{props['node']}", outs=outs)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
         # A cluster is bootstrapped once, ever. Another first control plane (the first one was taken out
         # of the stack, or moved into a new VM) is only recorded: a second Bootstrap would start a new
-        # etcd on a node whose data directory happens to be empty, splitting the cluster.
+        # etcd on a node whose data directory happens to be empty, splitting the cluster. The one
+        # exception is a recovery the stack asks for (cluster.recoverFrom, a snapshot not recovered from
+        # before): every control plane was lost, and etcd starts again from that snapshot.
+        recover = bool(news.get("recover_from_sha256")) and news.get("recover_from_sha256") != olds.get(
+            "recover_from_sha256")
         changed = [k for k in ("node", "endpoint", "timeout_seconds") if olds.get(k) != news.get(k)]
-        return dynamic.DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+        return dynamic.DiffResult(changes=bool(changed) or recover, replaces=["recover_from_sha256"] if recover else [],
+                                  stables=[], delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
         return dynamic.UpdateResult(outs={**_state(olds), **{k: news.get(k) for k in ("node", "endpoint",
@@ -288,16 +304,19 @@ class BootstrapProvider(_TalosNodeProvider):
 
 
 class Bootstrap(dynamic.Resource):
-    """etcd bootstrapped on the first control plane node, once: never again, whichever node is first later."""
+    """etcd bootstrapped on the first control plane node, once: never again, whichever node is first later;
+    with `recover_from` (an etcd snapshot file and its sha256), from that snapshot, once per snapshot."""
 
     node: pulumi.Output[str]
     already_bootstrapped: pulumi.Output[bool]
 
     def __init__(self, name: str, *, node: pulumi.Input[str], talosconfig: pulumi.Input[str],
                  endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+                 recover_from: Optional[str] = None, recover_from_sha256: Optional[str] = None,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
-                 "talosconfig": pulumi.Output.secret(talosconfig), "already_bootstrapped": None}
+                 "talosconfig": pulumi.Output.secret(talosconfig), "already_bootstrapped": None,
+                 "recover_from": recover_from, "recover_from_sha256": recover_from_sha256}
         super().__init__(BootstrapProvider(), name, props, opts)
 
 

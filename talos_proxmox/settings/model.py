@@ -135,6 +135,9 @@ class ClusterSettings:
     system_disk_encryption: str = "none"  # or "tpm": STATE and EPHEMERAL sealed to the node's TPM
     deletion_protection: bool = True  # `pulumi destroy` refused before anything is touched; secrets never replaced
     allow_downgrade: bool = False  # a lower talosVersion is refused unless the stack says so
+    # An etcd snapshot file the cluster's bootstrap recovers etcd from (all control planes lost).
+    recover_from: Optional[str] = None
+    recover_from_sha256: Optional[str] = None  # of that file, read when the stack loads
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from talos_proxmox.settings.credentials import SECURE, ensure_no_plaintext_crede
 from talos_proxmox.settings.model import PROJECT, Settings, SettingsError
 from talos_proxmox.settings.stack import load_settings, stack_file_values
 from talos_proxmox.talos_config import secrets_bundle
+from talos_proxmox.day_two import etcd_snapshot_file
 
 # Namespaces a stack of this program uses; a near miss of one of them is a typo, not another provider.
 KNOWN_NAMESPACES = (PROJECT, "proxmoxve", "kubernetes", "pulumi")
@@ -107,6 +109,30 @@ def _secrets_file(settings: Settings, base_dir: Path) -> tuple[Settings, list[st
     return dataclasses.replace(settings, cluster=cluster), []
 
 
+def _recover_from(settings: Settings, base_dir: Path) -> tuple[Settings, list[str]]:
+    """cluster.recoverFrom resolved against the project directory, read as an etcd snapshot of this cluster."""
+    source = settings.cluster.recover_from
+    if source is None:
+        return settings, []
+    path = Path(source).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    key = f"{PROJECT}:cluster.recoverFrom"
+    try:
+        data = path.read_bytes()
+        facts = etcd_snapshot_file.read_snapshot(data)
+    except OSError as err:
+        return settings, [f"{key}: {source!r} cannot be read ({err.strerror or err}; expected an etcd snapshot "
+                          f"file, relative to {base_dir})"]
+    except etcd_snapshot_file.SnapshotError as err:
+        return settings, [f"{key}: {source!r} cannot be recovered from: {err}"]
+    problem = etcd_snapshot_file.foreign_snapshot_problem(facts, [(n.name, n.ip) for n in settings.control_planes])
+    if problem is not None:
+        return settings, [f"{key}: {source!r} {problem}"]
+    cluster = dataclasses.replace(settings.cluster, recover_from=str(path),
+                                  recover_from_sha256=hashlib.sha256(data).hexdigest())
+    return dataclasses.replace(settings, cluster=cluster), []
+
+
 def load_stack(config: StackConfig, base_dir: Path) -> Settings:
     """Settings for the stack, or SettingsError (CredentialsError for credentials) with every problem."""
     from talos_proxmox.cluster_plan.config_preflight import node_config_problems
@@ -136,6 +162,8 @@ def load_stack(config: StackConfig, base_dir: Path) -> Settings:
     if settings is not None and not problems:
         problems += node_config_problems(settings)
         settings, file_problems = _secrets_file(settings, base_dir)
+        problems += file_problems
+        settings, file_problems = _recover_from(settings, base_dir)
         problems += file_problems
     if problems:
         raise SettingsError(mask_secrets(problems, secrets))

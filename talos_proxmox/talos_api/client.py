@@ -251,7 +251,9 @@ class TalosClient:
             return [("node", node)]
         return [("nodes", n) for n in nodes or ()]
 
-    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False, service: str = "machine"):
+    def _call(self, rpc: str, request, *, timeout, node, nodes, stream: bool = False, service: str = "machine",
+              upload: bool = False):
+        """`upload`: a client-streaming RPC; `request` makes a fresh iterator of its messages per attempt."""
         metadata = self._metadata(node, nodes)
         timeout = self.timeout if timeout is None else timeout
         start = self._current
@@ -261,7 +263,9 @@ class TalosClient:
             connection = self._connection(index)
             method = getattr(connection.stubs[service], rpc)
             try:
-                if stream:
+                if upload:
+                    reply = method(request(), timeout=timeout, metadata=metadata)
+                elif stream:
                     reply = list(method(request, timeout=timeout, metadata=metadata))
                 else:
                     reply = method(request, timeout=timeout, metadata=metadata)
@@ -356,6 +360,14 @@ class TalosClient:
         chunks = self._call("EtcdSnapshot", machine_pb2.EtcdSnapshotRequest(), timeout=timeout, node=node,
                             nodes=None, stream=True)
         return b"".join(chunk.bytes for chunk in chunks)
+
+    def etcd_recover(self, snapshot: bytes, *, chunk_size: int = 1 << 20, timeout=None,
+                     node=None) -> machine_pb2.EtcdRecoverResponse:
+        """Upload an etcd snapshot for a Bootstrap with `recover_etcd` (`talosctl bootstrap --recover-from`);
+        the node keeps it at /var/lib/etcd.snapshot. Chunks well under Talos's 32 MiB message limit."""
+        def chunks():
+            return (common_pb2.Data(bytes=snapshot[i:i + chunk_size]) for i in range(0, len(snapshot), chunk_size))
+        return self._call("EtcdRecover", chunks, timeout=timeout, node=node, nodes=None, upload=True)
 
     def etcd_member_list(self, *, query_local: bool = False, timeout=None, node=None,
                          nodes=None) -> machine_pb2.EtcdMemberListResponse:

@@ -272,25 +272,34 @@ def apply_needs_reboot(node: str, machine_configuration: str | bytes, talosconfi
 
 
 def bootstrap_etcd(node: str, talosconfig: str | Mapping, *, endpoint: str | None = None, timeout: float = 600.0,
-                   backoff: Backoff | None = None, sleep=time.sleep, clock=time.monotonic) -> bool:
+                   recover_from: bytes | None = None, backoff: Backoff | None = None, sleep=time.sleep,
+                   clock=time.monotonic) -> bool:
     """Bootstrap etcd on a control plane node; returns False if it was already bootstrapped.
 
     Talos answers a second bootstrap with ALREADY_EXISTS ("etcd data directory is not empty"),
-    which is success for us; FAILED_PRECONDITION means "not yet" and is retried.
+    which is success for us; FAILED_PRECONDITION means "not yet" and is retried. With `recover_from`
+    (an etcd snapshot's bytes), the snapshot is uploaded first and etcd starts from it, as `talosctl
+    bootstrap --recover-from` does; a copy of a member's data directory (no sha256 at its end) skips
+    etcd's hash check.
     """
     backoff = backoff or DEFAULT_BACKOFF
+    skip_hash_check = recover_from is not None and len(recover_from) % 512 != 32
     with _mtls_client(talosconfig, endpoint or node, node) as mtls:
 
         def attempt(remaining: float) -> bool:
             try:
-                mtls.bootstrap(timeout=min(CALL_TIMEOUT, remaining))
+                if recover_from is not None:
+                    mtls.etcd_recover(recover_from, timeout=min(CALL_TIMEOUT, remaining))
+                mtls.bootstrap(recover_etcd=recover_from is not None, recover_skip_hash_check=skip_hash_check,
+                               timeout=min(CALL_TIMEOUT, remaining))
             except errors.TalosApiError as exc:
                 if exc.code == grpc.StatusCode.ALREADY_EXISTS:
                     return False
                 raise
             return True
 
-        return call_with_retry(attempt, timeout=timeout, what=f"bootstrap etcd on {node}", backoff=backoff,
+        what = f"{'recover' if recover_from is not None else 'bootstrap'} etcd on {node}"
+        return call_with_retry(attempt, timeout=timeout, what=what, backoff=backoff,
                                retry_if=_not_ready_yet, sleep=sleep, clock=clock)
 
 

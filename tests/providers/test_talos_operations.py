@@ -19,6 +19,7 @@ from talos_proxmox.talos_api.retry import Backoff, GaveUp
 from tests.support.day_two import FAST, FakeClock
 from tests.program.mocked_program import run_program, stack_config
 from tests.stand_ins.talos_api import FakeTalosNode, configured_node, maintenance_node, shared_bundle  # noqa: F401
+from tests.paths import REPO
 
 CONFIG = "version: v1alpha1\nmachine:\n  token: abcdef.0123456789abcdef\n"
 NEW_CONFIG = CONFIG + "cluster:\n  clusterName: stand-in\n"
@@ -495,6 +496,22 @@ def test_bootstrap_and_kubeconfig_wait_through_a_reboot(configured_node):
     assert operations.fetch_kubeconfig("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint,
                                        timeout=10) == KUBECONFIG
     assert len(configured_node.calls_for("Kubeconfig")) == 2
+
+
+@pytest.mark.parametrize("trailer, skip_hash_check", [(True, False), (False, True)], ids=["snapshot", "db-copy"])
+def test_a_recovery_uploads_the_snapshot_then_bootstraps_from_it_once(configured_node, trailer, skip_hash_check):
+    snapshot = (REPO / "tests" / "data" / "etcd" / "dr-cp-1.snapshot").read_bytes()
+    snapshot = snapshot if trailer else snapshot[:-32]  # a data-directory copy has no sha256 at its end
+    assert operations.bootstrap_etcd("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint, timeout=10,
+                                     recover_from=snapshot)
+    calls = [c for c in configured_node.calls if c.rpc in ("EtcdRecover", "Bootstrap")]
+    assert [c.rpc for c in calls] == ["EtcdRecover", "Bootstrap"]
+    assert calls[0].request.bytes == snapshot
+    assert (calls[1].request.recover_etcd, calls[1].request.recover_skip_hash_check) == (True, skip_hash_check)
+    assert configured_node.etcd_restored_from == snapshot
+    # Once etcd holds data, Talos refuses a second bootstrap: recorded as "already", nothing restored again.
+    assert not operations.bootstrap_etcd("127.0.0.1", _talosconfig(), endpoint=configured_node.endpoint,
+                                         timeout=10, recover_from=snapshot)
 
 
 def test_a_hung_kubeconfig_call_is_bounded_by_the_timeout_and_named(configured_node):

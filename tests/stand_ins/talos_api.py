@@ -194,6 +194,8 @@ class FakeTalosNode:
         self.config: bytes | None = None
         self.staged_config: bytes | None = None
         self.bootstrapped = False
+        self.recovery_snapshot: bytes | None = None  # what EtcdRecover uploaded, until a Bootstrap takes it
+        self.etcd_restored_from: bytes | None = None  # the snapshot a Bootstrap with recover_etcd restored
         self.reset_requested = False
         self.kubeconfig_yaml = "apiVersion: v1\nkind: Config\nclusters: []\n"
         self.kubeconfig_format = "tgz"  # or "plain"
@@ -426,6 +428,8 @@ class FakeTalosNode:
                 serve = self._serve_unary if not method.server_streaming else self._serve_stream
                 handler = (grpc.unary_stream_rpc_method_handler if method.server_streaming
                            else grpc.unary_unary_rpc_method_handler)
+                if method.client_streaming:  # an upload (EtcdRecover): taken whole, recorded as one request
+                    serve, handler = self._serve_upload, grpc.stream_unary_rpc_method_handler
                 # request_deserializer=None hands us the raw request bytes, which tests inspect.
                 handlers[method.name] = handler(
                     self._bind(serve, rpc, request_class),
@@ -493,6 +497,10 @@ class FakeTalosNode:
                 if target is not None:
                     message.metadata.hostname = target
         return reply
+
+    def _serve_upload(self, rpc, request_class, raws, context):
+        whole = common_pb2.Data(bytes=b"".join(common_pb2.Data.FromString(raw).bytes for raw in raws))
+        return self._serve_unary(rpc, request_class, whole.SerializeToString(), context)
 
     def _serve_stream(self, rpc, request_class, raw, context):
         request, metadata = self._prepare(rpc, request_class, raw, context)
@@ -632,7 +640,16 @@ class FakeTalosNode:
         if self.bootstrapped:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, "etcd data directory is not empty")
         self.bootstrapped = True
+        if request.recover_etcd:
+            # Talos restores etcd from the uploaded snapshot once the RPC has returned; a missing or bad one
+            # shows in etcd's service state, not in this reply.
+            self.etcd_restored_from, self.recovery_snapshot = self.recovery_snapshot, None
         return machine_pb2.BootstrapResponse(messages=[machine_pb2.Bootstrap()])
+
+    def _rpc_EtcdRecover(self, request, context):
+        # machined keeps the upload at /var/lib/etcd.snapshot; only a control plane takes one.
+        self.recovery_snapshot = request.bytes
+        return machine_pb2.EtcdRecoverResponse(messages=[machine_pb2.EtcdRecover()])
 
     def _rpc_Kubeconfig(self, request, context):
         content = self.kubeconfig_yaml.encode()

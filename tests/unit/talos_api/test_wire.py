@@ -112,6 +112,15 @@ def test_bootstrap_etcd_and_reboot_request_fields(node, client):
     assert fields(node.calls_for("Reboot")[-1].raw) == [(1, VARINT, 1)]
 
 
+def test_etcd_recover_streams_the_snapshot_as_common_data_chunks_on_one_call(node, client):
+    snapshot = bytes(range(256)) * 9000  # 2.3 MB: three chunks of at most 1 MiB
+    client.etcd_recover(snapshot)
+    [call] = node.calls_for("EtcdRecover")
+    assert call.request.bytes == snapshot  # the stand-in records the upload whole
+    assert fields(call.raw) == [(2, LEN, snapshot)]  # common.Data.bytes is field 2
+    assert node.recovery_snapshot == snapshot
+
+
 def test_empty_requests_and_the_node_header(node, client):
     client.version()
     client.service_list()

@@ -363,6 +363,18 @@ class EtcdSnapshotRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EtcdRecover(_message.Message):
+    __slots__ = ("metadata",)
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    metadata: _common_pb2.Metadata
+    def __init__(self, metadata: _Optional[_Union[_common_pb2.Metadata, _Mapping]] = ...) -> None: ...
+
+class EtcdRecoverResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[EtcdRecover]
+    def __init__(self, messages: _Optional[_Iterable[_Union[EtcdRecover, _Mapping]]] = ...) -> None: ...
+
 class EtcdMemberListRequest(_message.Message):
     __slots__ = ("query_local",)
     QUERY_LOCAL_FIELD_NUMBER: _ClassVar[int]

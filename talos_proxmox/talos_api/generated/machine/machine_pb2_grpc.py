@@ -61,6 +61,11 @@ class MachineServiceStub:
                 request_serializer=machine_dot_machine__pb2.EtcdLeaveClusterRequest.SerializeToString,
                 response_deserializer=machine_dot_machine__pb2.EtcdLeaveClusterResponse.FromString,
                 _registered_method=True)
+        self.EtcdRecover = channel.stream_unary(
+                '/machine.MachineService/EtcdRecover',
+                request_serializer=common_dot_common__pb2.Data.SerializeToString,
+                response_deserializer=machine_dot_machine__pb2.EtcdRecoverResponse.FromString,
+                _registered_method=True)
         self.EtcdSnapshot = channel.unary_stream(
                 '/machine.MachineService/EtcdSnapshot',
                 request_serializer=machine_dot_machine__pb2.EtcdSnapshotRequest.SerializeToString,
@@ -137,6 +142,13 @@ class MachineServiceServicer:
 
     def EtcdLeaveCluster(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EtcdRecover(self, request_iterator, context):
+        """Client-streaming: the snapshot's bytes, uploaded before a Bootstrap with recover_etcd.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -226,6 +238,11 @@ def add_MachineServiceServicer_to_server(servicer, server):
                     servicer.EtcdLeaveCluster,
                     request_deserializer=machine_dot_machine__pb2.EtcdLeaveClusterRequest.FromString,
                     response_serializer=machine_dot_machine__pb2.EtcdLeaveClusterResponse.SerializeToString,
+            ),
+            'EtcdRecover': grpc.stream_unary_rpc_method_handler(
+                    servicer.EtcdRecover,
+                    request_deserializer=common_dot_common__pb2.Data.FromString,
+                    response_serializer=machine_dot_machine__pb2.EtcdRecoverResponse.SerializeToString,
             ),
             'EtcdSnapshot': grpc.unary_stream_rpc_method_handler(
                     servicer.EtcdSnapshot,
@@ -408,6 +425,33 @@ class MachineService:
             '/machine.MachineService/EtcdLeaveCluster',
             machine_dot_machine__pb2.EtcdLeaveClusterRequest.SerializeToString,
             machine_dot_machine__pb2.EtcdLeaveClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EtcdRecover(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/machine.MachineService/EtcdRecover',
+            common_dot_common__pb2.Data.SerializeToString,
+            machine_dot_machine__pb2.EtcdRecoverResponse.FromString,
             options,
             channel_credentials,
             insecure,
