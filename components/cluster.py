@@ -17,6 +17,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components.addons import ClusterAddons
+from components.backups import ClusterBackups
 from components.image import TalosImage
 from components.node import TalosNode
 from components.storage import ClusterStorage
@@ -118,9 +119,9 @@ class TalosCluster(pulumi.ComponentResource):
 
         self.talosconfig = pulumi.Output.secret(self.talosconfig_resource.talosconfig)
         self.kubeconfig = pulumi.Output.secret(self.kubeconfig_resource.kubeconfig)
-        # Only a Helm release needs the Kubernetes provider (and its plugin): a stack without add-ons has none.
-        self.k8s_provider = (k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child)
-                             if settings.cilium.enabled or settings.ccm.enabled or settings.csi.enabled else None)
+        # Only the add-ons need the Kubernetes provider (and its plugin): a stack without any has none.
+        in_kubernetes = (settings.cilium.enabled, settings.ccm.enabled, settings.csi.enabled, settings.backups.enabled)
+        self.k8s_provider = k8s.Provider("k8s", kubeconfig=self.kubeconfig, opts=child) if any(in_kubernetes) else None
         in_cluster = [self.bootstrap, self.kubeconfig_resource, self.nodes_installed]
         self.addons = ClusterAddons("addons", settings, self.k8s_provider, depends_on=in_cluster,
                                     kubeconfig=self.kubeconfig, opts=child)
@@ -130,6 +131,9 @@ class TalosCluster(pulumi.ComponentResource):
             api_url, verify_tls = api_endpoint(lambda key: pulumi.Config(key.split(":")[0]).get(key.split(":")[1]))
             self.storage = ClusterStorage("storage", settings, self.k8s_provider, api_url, verify_tls,
                                           depends_on=in_cluster, opts=child)
+        self.backups: Optional[ClusterBackups] = None
+        if settings.backups.enabled:
+            self.backups = ClusterBackups("backups", settings, self.k8s_provider, depends_on=in_cluster, opts=child)
 
         # `pulumi destroy` deletes dependents first and fails only when it reaches a protected resource: the
         # protected secrets alone would stop it after every node was reset and every VM destroyed. This
@@ -143,6 +147,7 @@ class TalosCluster(pulumi.ComponentResource):
                             *self.nodes.values(), self.kubernetes_upgrade, self.nodes_installed, self.bootstrap,
                             self.kubeconfig_resource,
                             self.addons, *([self.storage] if self.storage is not None else []),
+                            *([self.backups] if self.backups is not None else []),
                             *([self.k8s_provider] if self.k8s_provider is not None else [])]))
         self.deletion_protection.register_outputs({})
 

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from talos_proxmox.cluster_plan.backup_values import talos_api_access
 from talos_proxmox.settings.model import NodeSettings, Settings
 from talos_proxmox.talos_config.machine_config import MULTIDOC_KUBERNETES, parse_talos_version
 
-# What the Talos CCM needs from every kubelet, and from control planes' Talos API (see the CCM seed).
+# What the Talos CCM needs from every kubelet (see the CCM seed).
 CCM_KUBELET_ARGS = {"cloud-provider": "external", "rotate-server-certificates": "true"}
-CCM_TALOS_API_ACCESS = {
-    "enabled": True,
-    "allowedRoles": ["os:reader"],
-    "allowedKubernetesNamespaces": ["kube-system"],
-}
 
 
 def _document(kind: str, **fields: Any) -> dict:
@@ -88,31 +84,33 @@ KCM_CONTROLLERS_WITHOUT_NODE_IPAM = "*,tokencleaner,-node-ipam-controller"
 
 
 def ccm_patches(settings: Settings, role: str) -> list[dict]:
-    """The CCM's kubelet arguments on every node; on control planes its Talos API access and, with its node
-    IPAM, kube-controller-manager without its own."""
-    node_ipam = settings.ccm.node_ipam is not None
+    """The CCM's kubelet arguments on every node and, with its node IPAM, kube-controller-manager without
+    its own on control planes."""
+    node_ipam = settings.ccm.node_ipam is not None and role == "controlplane"
     if not multidoc(settings):
-        return [ccm_patch(role, node_ipam)]
+        return [ccm_patch(node_ipam)]
     patches = [_document("KubeletConfig", extraArgs=dict(CCM_KUBELET_ARGS))]
-    if role == "controlplane":
-        access = {k: v for k, v in CCM_TALOS_API_ACCESS.items() if k != "enabled"}  # the document is the switch
-        patches.append(_document("KubeTalosAPIAccessConfig", **{k: list(v) for k, v in access.items()}))
-        if node_ipam:
-            patches.append(_document("KubeControllerManagerConfig",
-                                     extraArgs={"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}))
+    if node_ipam:
+        patches.append(_document("KubeControllerManagerConfig",
+                                 extraArgs={"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}))
     return patches
 
 
-def ccm_patch(role: str, node_ipam: bool) -> dict:
-    machine: dict[str, Any] = {"kubelet": {"extraArgs": dict(CCM_KUBELET_ARGS)}}
-    if role != "controlplane":
-        return {"machine": machine}
-    machine["features"] = {"kubernetesTalosAPIAccess": {
-        k: (list(v) if isinstance(v, list) else v) for k, v in CCM_TALOS_API_ACCESS.items()}}
-    patch: dict[str, Any] = {"machine": machine}
+def ccm_patch(node_ipam: bool) -> dict:
+    patch: dict[str, Any] = {"machine": {"kubelet": {"extraArgs": dict(CCM_KUBELET_ARGS)}}}
     if node_ipam:
         patch["cluster"] = {"controllerManager": {"extraArgs": {"controllers": KCM_CONTROLLERS_WITHOUT_NODE_IPAM}}}
     return patch
+
+
+def talos_api_access_patches(settings: Settings, role: str) -> list[dict]:
+    """The Talos API access a control plane grants the cluster's workloads (the CCM, talos-backup)."""
+    access = talos_api_access(settings)
+    if access is None or role != "controlplane":
+        return []
+    if multidoc(settings):  # the document is the switch
+        return [_document("KubeTalosAPIAccessConfig", **{k: list(v) for k, v in access.items() if k != "enabled"})]
+    return [{"machine": {"features": {"kubernetesTalosAPIAccess": access}}}]
 
 
 LINK_ALIAS = "net0"  # the node's one NIC, found by MAC, under a name no kernel gives an interface
@@ -204,6 +202,7 @@ def labeled_node_patches(settings: Settings, node: NodeSettings, installer_image
         derived.append(kubespan)
     if settings.ccm.enabled:
         derived.extend(ccm_patches(settings, node.role))
+    derived.extend(talos_api_access_patches(settings, node.role))
     derived.extend(node_network_patch(node, settings.cluster.vip))
     derived.append(hostname_patch(node))
     derived.extend(node_storage_patches(settings, node))

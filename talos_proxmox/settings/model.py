@@ -13,8 +13,8 @@ PROJECT = "talos-proxmox"
 ROLES = ("controlplane", "worker")
 
 
-TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "csi", "health",
-                  "lifecycle")
+TOP_LEVEL_KEYS = ("cluster", "network", "proxmox", "image", "nodes", "cilium", "hubble", "ccm", "csi", "backups",
+                  "health", "lifecycle")
 
 
 # Bounds no Proxmox host gives beyond: QEMU's vCPU limit, PVE's 4 TiB memory maximum, and 64 TiB disks.
@@ -270,6 +270,27 @@ class CsiSettings:
     timeout_seconds: int = DEFAULT_RELEASE_TIMEOUT_SECONDS
 
 
+# Sidero Labs' talos-backup: the last tagged release (main has since dropped USE_PATH_STYLE).
+DEFAULT_TALOS_BACKUP_IMAGE = "ghcr.io/siderolabs/talos-backup:v0.1.0-beta.3"
+
+
+@dataclass(frozen=True)
+class BackupSettings:
+    """etcd snapshots on a schedule, age-encrypted, to an S3-compatible bucket (off by default). The
+    credentials are Pulumi secrets; the age identity that decrypts never reaches the program."""
+    enabled: bool = False
+    schedule: str = "0 */6 * * *"
+    bucket: str = ""
+    endpoint: Optional[str] = None  # None: AWS S3 in `region`
+    region: str = "us-east-1"
+    path_style: bool = True
+    prefix: Optional[str] = None  # object key prefix; None: the cluster's name
+    access_key_id: str = field(default="", repr=False)
+    secret_access_key: str = field(default="", repr=False)
+    age_recipient: str = ""
+    image: str = DEFAULT_TALOS_BACKUP_IMAGE
+
+
 @dataclass(frozen=True)
 class EtcdSnapshots:
     """Where the etcd snapshot taken before each control plane's upgrade or removal goes (relative paths
@@ -305,6 +326,7 @@ class Settings:
     hubble: HubbleSettings
     ccm: CcmSettings
     csi: CsiSettings = field(default=CsiSettings())
+    backups: BackupSettings = field(default=BackupSettings())
     health: HealthSettings = field(default=HealthSettings())
     lifecycle: LifecycleSettings = field(default=LifecycleSettings())
     warnings: tuple[str, ...] = field(default=())

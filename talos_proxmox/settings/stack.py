@@ -12,6 +12,7 @@ import ipaddress
 from typing import Any, Collection, Mapping, Optional
 
 from talos_proxmox.settings.addons import _check_addons, _read_ccm, _read_cilium, _read_hubble
+from talos_proxmox.settings.backups import _read_backups
 from talos_proxmox.settings.cluster import _read_cluster
 from talos_proxmox.settings.storage import _check_csi, _read_csi
 from talos_proxmox.settings.image import _read_image
@@ -186,6 +187,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     hubble = _read_hubble(r, raw.get("hubble"))
     ccm = _read_ccm(r, raw.get("ccm"))
     csi = _read_csi(r, raw.get("csi"), cluster.get("name"))
+    backups = _read_backups(r, raw.get("backups"))
     health = _read_health(r, raw.get("health"))
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
@@ -204,6 +206,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
         hubble=hubble,
         ccm=ccm,
         csi=csi,
+        backups=backups,
         health=health,
         lifecycle=lifecycle,
         warnings=tuple(r.warnings),

@@ -256,7 +256,9 @@ class EngineCluster(StandInCluster):
         outputs = json.loads(project.cli("stack", "output", "--json", "--show-secrets", "--stack", project.stack).stdout)
         shown = json.loads(project.cli("stack", "output", "--json", "--stack", project.stack).stdout)
         render_dir.mkdir(parents=True)
-        rendered = {} if stopped else rendered_configs(config, secrets_bundle.dump_secrets(self.bundle), render_dir)
+        # The offline render cannot decrypt a stack's secrets (it refuses them, as it does a user's).
+        rendered = ({} if stopped or '"secure": ' in json.dumps(config)
+                    else rendered_configs(config, secrets_bundle.dump_secrets(self.bundle), render_dir))
         return EngineUp(preview, up, after_preview, {n: list(f.calls) for n, f in self.nodes.items()},
                         {n: f.mode for n, f in self.nodes.items()}, outputs,
                         {key for key, value in shown.items() if value == "[secret]"}, rendered, config,

@@ -1,5 +1,6 @@
 """Disaster recovery with the real CLI: every control plane lost, new VMs, `pulumi up` with
-`cluster.recoverFrom`.
+`cluster.recoverFrom`; and the scheduled backups that stack turns on (`backups`), as the real API server
+holds them.
 
 A new stack of one control plane and one worker (as after the loss: new VMs, the stack's state gone or
 refreshed away) on the real Proxmox provider and the Talos stand-ins. First with a snapshot of another
@@ -7,15 +8,20 @@ cluster (tests/data/etcd/other-cluster.snapshot, made by the real etcd): refused
 any PVE request or node call. Then with this cluster's snapshot (dr-cp-1.snapshot, a real etcd member
 `dr-cp-1` at the stack's first control plane): the first control plane receives exactly that file
 through EtcdRecover, then one Bootstrap with `recover_etcd`, and etcd is restored from it; a next up with
-the same stack recovers nothing again.
+the same stack recovers nothing again. The recovered stack also runs talos-backup: its CronJob, the Talos
+ServiceAccount of the `os:etcd:backup` role and the Secret of the S3 credentials (set with `pulumi config
+set --secret --path`) are read back from the API server, and the credentials appear nowhere else.
 """
 
 from __future__ import annotations
 
+import base64
+
 import pytest
+import yaml
 
 from tests.engine.cluster import engine_cluster, engine_stack
-from tests.engine.test_addons import deploy
+from tests.engine.test_addons import _get, deploy
 from tests.paths import REPO
 
 pytestmark = pytest.mark.engine
@@ -24,20 +30,33 @@ NODES = [("dr-cp-1", "controlplane", "127.0.0.122"), ("dr-worker-1", "worker", "
 TALOS = "v1.13.7"
 SNAPSHOTS = REPO / "tests" / "data" / "etcd"
 OURS, OTHER = SNAPSHOTS / "dr-cp-1.snapshot", SNAPSHOTS / "other-cluster.snapshot"
+S3_SECRET = "engine-s3-secret-9f1c2b7a"  # a stand-in bucket's key, set as a Pulumi secret
+RECIPIENT = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
 
 
 @pytest.fixture(scope="module")
 def recovery(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recovery")
     with engine_cluster(tmp, NODES, TALOS) as (cluster, project):
+        # The S3 key as a user sets it: `pulumi config set --secret --path`, kept encrypted in the stack file.
+        project.cli("config", "set", "--secret", "--path", "talos-proxmox:backups.secretAccessKey", S3_SECRET,
+                    "--stack", project.stack)
+        encrypted = yaml.safe_load(project.stack_file.read_text())["config"]["talos-proxmox:backups"]
+
         def config(snapshot):
             stack = engine_stack(cluster, NODES, TALOS, tmp / "secrets.yaml")
             stack["cluster"]["recoverFrom"] = str(snapshot)
+            stack["backups"] = {"bucket": "etcd-backups", "endpoint": "https://127.0.0.1:9",
+                                "accessKeyId": "talos-backup", "ageRecipient": RECIPIENT, **encrypted}
             return stack
         refused = cluster.deploy(project, config(OTHER), tmp / "render-refused", fails=True)
         recovered = deploy(cluster, project, config(OURS), tmp / "render-recovered")
+        backups = {"cron job": _get(cluster, "/apis/batch/v1/namespaces/kube-system/cronjobs/talos-backup"),
+                   "talos access": _get(cluster, "/apis/talos.dev/v1alpha1/namespaces/kube-system/serviceaccounts/"
+                                                 "talos-backup-secrets"),
+                   "credentials": _get(cluster, "/api/v1/namespaces/kube-system/secrets/talos-backup-s3")}
         again = deploy(cluster, project, config(OURS), tmp / "render-again")
-        yield {"refused": refused, "recovered": recovered, "again": again, "cluster": cluster}
+        yield {"refused": refused, "recovered": recovered, "again": again, "cluster": cluster, "backups": backups}
 
 
 def test_a_snapshot_of_another_cluster_is_refused_before_any_pve_request_or_node_call(recovery):
@@ -69,3 +88,27 @@ def test_a_next_up_with_the_same_snapshot_recovers_nothing_again(recovery):
     again, recovered = recovery["again"], recovery["recovered"]
     assert not [c for c in again.new_calls(recovered, "dr-cp-1") if c.rpc in ("EtcdRecover", "Bootstrap")]
     assert "bootstrap" not in again.up.changes()
+
+
+def test_the_backup_cron_job_its_talos_access_and_credentials_as_the_api_server_holds_them(recovery):
+    backups = recovery["backups"]
+    job = backups["cron job"]["spec"]
+    assert job["schedule"] == "0 */6 * * *" and job["concurrencyPolicy"] == "Forbid"
+    pod = job["jobTemplate"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/siderolabs/talos-backup:v0.1.0-beta.3"
+    env = {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    assert env == {"BUCKET": "etcd-backups", "AWS_REGION": "us-east-1", "USE_PATH_STYLE": "true",
+                   "CLUSTER_NAME": "dev", "S3_PREFIX": "dev", "AGE_X25519_PUBLIC_KEY": RECIPIENT,
+                   "CUSTOM_S3_ENDPOINT": "https://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "talos-backup-s3",
+                   "AWS_SECRET_ACCESS_KEY": "talos-backup-s3"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["talos-secrets"] == "/var/run/secrets/talos.dev"
+    assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}["talos-secrets"] == (
+        "talos-backup-secrets")
+    assert backups["talos access"]["spec"] == {"roles": ["os:etcd:backup"]}
+    data = {k: base64.b64decode(v).decode() for k, v in backups["credentials"]["data"].items()}
+    assert data == {"AWS_ACCESS_KEY_ID": "talos-backup", "AWS_SECRET_ACCESS_KEY": S3_SECRET}
+    recovered = recovery["recovered"]
+    assert S3_SECRET not in recovered.up.stdout + recovered.up.stderr + recovered.preview.stdout
+    assert S3_SECRET not in repr(recovered.state), "the S3 key is in the state export in plain text"

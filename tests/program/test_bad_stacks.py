@@ -550,7 +550,7 @@ BAD_STACKS = [
     ({"lifecycle": "on"},
      "talos-proxmox:lifecycle: 'on' is not a mapping"),
     ({"clustr": {}},
-     'talos-proxmox:clustr: is not a known key (expected one of: cluster, network, proxmox, image, nodes, cilium, hubble, ccm, csi, health, lifecycle)'),
+     'talos-proxmox:clustr: is not a known key (expected one of: cluster, network, proxmox, image, nodes, cilium, hubble, ccm, csi, backups, health, lifecycle)'),
     # what would not boot or not work on first boot
     ({"hubble.uiServiceType": "LoadBalancer"},
      "talos-proxmox:hubble.uiServiceType: 'LoadBalancer' needs cilium.loadBalancerAddresses (nothing else gives the Service an address; Helm would wait for one, then uninstall Cilium)"),
@@ -635,6 +635,10 @@ BAD_STACKS = [
      "talos-proxmox:csi.storageclasses: [] is not a known key (expected one of: enabled, chart, version, region, topologyLabels, proxmoxCcmChart, proxmoxCcmVersion, storageClasses, values, timeoutSeconds)"),
     ({"proxmox.datastores": ["ceph rbd"]},
      "talos-proxmox:proxmox.datastores: ['ceph rbd'] is not a list of Proxmox datastore ids (datastores besides vmDatastore that every Proxmox host of the stack has, e.g. [ceph-rbd])"),
+    # backups
+    ({"backups": {"bucket": "etcd-backups", "accessKeyId": "backup", "secretAccessKey": "plain-text-key",
+                  "ageRecipient": "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"}},
+     "talos-proxmox:backups.secretAccessKey: a credential in plain text; expected a secret (`pulumi config set --secret --path 'talos-proxmox:backups.secretAccessKey' ...`)"),
     # keys outside the project's namespace
     ({"talos-proxmx:ccm": {"enabled": True}},
      "talos-proxmx:ccm: namespace 'talos-proxmx' is not one this program reads, so the key would be ignored (expected talos-proxmox:ccm)"),

@@ -44,7 +44,7 @@ def test_secret_values_of_misspelled_and_wrong_keys_are_named_not_quoted():
         "  - talos-proxmx:ccm: namespace 'talos-proxmx' is not one this program reads, so the key would be "
         "ignored (expected talos-proxmox:ccm)",
         "  - talos-proxmox:clustr: is not a known key (expected one of: cluster, network, proxmox, image, nodes, "
-        "cilium, hubble, ccm, csi, health, lifecycle)",
+        "cilium, hubble, ccm, csi, backups, health, lifecycle)",
         "  - talos-proxmox:cluster.tokn: [secret] is not a known key (expected one of: name, endpoint, vip, "
         "talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, "
         "patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection, allowDowngrade, recoverFrom)",

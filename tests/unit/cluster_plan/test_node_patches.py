@@ -97,14 +97,31 @@ def test_ccm_settings_on_every_node_and_talos_api_access_on_control_planes_only(
     patches = by_node(settings())
     for name, plist in patches.items():
         ccm = plist[4]  # after install, cluster network, features, KubeSpan
-        assert ccm["machine"]["kubelet"]["extraArgs"] == {
-            "cloud-provider": "external", "rotate-server-certificates": "true"}
-        access = ccm["machine"].get("features", {}).get("kubernetesTalosAPIAccess")
+        assert ccm == {"machine": {"kubelet": {"extraArgs": {
+            "cloud-provider": "external", "rotate-server-certificates": "true"}}}}
+        access = [p["machine"]["features"]["kubernetesTalosAPIAccess"] for p in plist
+                  if "kubernetesTalosAPIAccess" in (p.get("machine", {}).get("features") or {})]
         if name.startswith("master"):
-            assert access == {"enabled": True, "allowedRoles": ["os:reader"],
-                              "allowedKubernetesNamespaces": ["kube-system"]}
+            assert access == [{"enabled": True, "allowedRoles": ["os:reader"],
+                               "allowedKubernetesNamespaces": ["kube-system"]}]
         else:
-            assert access is None
+            assert access == []
+
+
+@pytest.mark.parametrize("ccm, roles", [(True, ["os:reader", "os:etcd:backup"]), (False, ["os:etcd:backup"])])
+def test_backups_add_the_etcd_backup_role_to_the_control_planes_talos_api_access(ccm, roles):
+    s = settings(ccm={"enabled": ccm}, backups=BACKUPS)
+    for node in s.nodes:
+        access = [p["machine"]["features"]["kubernetesTalosAPIAccess"] for p in node_patches(s, node, INSTALLER)
+                  if "kubernetesTalosAPIAccess" in (p.get("machine", {}).get("features") or {})]
+        expected = [{"enabled": True, "allowedRoles": roles, "allowedKubernetesNamespaces": ["kube-system"]}]
+        assert access == (expected if node.role == "controlplane" else []), node.name
+        features = _rendered(s, node)["v1alpha1"]["machine"]["features"]
+        assert features.get("kubernetesTalosAPIAccess") == (expected[0] if node.role == "controlplane" else None)
+
+
+BACKUPS = {"bucket": "etcd-backups", "endpoint": "https://s3.lab.local:9000", "accessKeyId": "backup",
+           "secretAccessKey": "x" * 40, "ageRecipient": "age1" + "q" * 58}
 
 
 def test_vip_goes_on_control_plane_links_only():
