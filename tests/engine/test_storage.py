@@ -7,7 +7,8 @@ two StorageClasses. The first up makes the plugin's role, user, ACL entry and to
 what PVE stored, and on what the new token may do there), its Secret, namespace, release and classes in
 the API server, and the Talos CCM's node transformations, which the played CCM turns into each node's
 region and zone labels (read back from the Nodes). Then a PersistentVolume of the plugin's (a volume
-that holds data) is made, and `csi` is removed: everything the program made goes, in PVE and in the API
+that holds data) is made; the labels are switched to the Proxmox CCM (its own identity and release, the
+plugin's untouched); and `csi` is removed: everything the program made goes, in PVE and in the API
 server, and the volume stays.
 """
 
@@ -35,7 +36,7 @@ CLASSES = [{"name": "proxmox-data", "datastore": "local-lvm", "default": True, "
 VOLUME = "pvc-engine-kept"
 
 
-def stack_config(cluster: EngineCluster, secrets_file, csi: bool) -> dict:
+def stack_config(cluster: EngineCluster, secrets_file, csi: bool, labels: str = "talos-ccm") -> dict:
     config = engine_stack(cluster, NODES, TALOS, secrets_file)
     config.update(cluster.kubernetes.stack_settings())
     config["cilium"]["values"] = {"operator": {"replicas": 1}}
@@ -43,7 +44,9 @@ def stack_config(cluster: EngineCluster, secrets_file, csi: bool) -> dict:
     for node in config["nodes"]:
         node["proxmoxNode"] = HOSTS[node["name"]]
     if csi:
-        config["csi"] = cluster.kubernetes.csi_settings(region=REGION, storageClasses=CLASSES)
+        config["csi"] = cluster.kubernetes.csi_settings(region=REGION, storageClasses=CLASSES, topologyLabels=labels)
+    if labels == "proxmox-ccm":
+        config["ccm"]["controllers"] = ["node-csr-approval"]  # the Proxmox CCM initializes the nodes
     return config
 
 
@@ -86,6 +89,17 @@ def storage(tmp_path_factory):
                      "csi": {"driver": "csi.proxmox.sinextra.dev",
                              "volumeHandle": f"{REGION}/pve2/local-lvm/vm-9999-{VOLUME}", "fsType": "xfs"}}})
         assert kept.status_code == 201, kept.text[:300]
+        switched = deploy(cluster, project, stack_config(cluster, tmp / "secrets.yaml", csi=True, labels="proxmox-ccm"),
+                          tmp / "render-switched")
+        with_proxmox_ccm = {
+            "pve": pve_access(cluster),
+            "release": _get(cluster, "/api/v1/namespaces/kube-system/secrets?labelSelector=owner%3Dhelm,name%3D"
+                                     "proxmox-cloud-controller-manager"),
+            "deployment": _get(cluster, "/apis/apps/v1/namespaces/kube-system/deployments/"
+                                        "proxmox-cloud-controller-manager"),
+            "secret": _get(cluster, "/api/v1/namespaces/kube-system/secrets/proxmox-cloud-controller-manager-config"),
+            "ccm config": _get(cluster, "/api/v1/namespaces/kube-system/configmaps/talos-cloud-controller-manager"),
+        }
         removed = deploy(cluster, project, stack_config(cluster, tmp / "secrets.yaml", csi=False),
                          tmp / "render-removed")
         after = {
@@ -94,7 +108,8 @@ def storage(tmp_path_factory):
             "classes": _get(cluster, "/apis/storage.k8s.io/v1/storageclasses"),
             "volume": cluster.kubernetes.kube.request("GET", f"/api/v1/persistentvolumes/{VOLUME}"),
         }
-        yield {"first": first, "made": made, "removed": removed, "after": after, "cluster": cluster}
+        yield {"first": first, "made": made, "switched": switched, "with proxmox ccm": with_proxmox_ccm,
+               "removed": removed, "after": after, "cluster": cluster}
 
 
 def test_pve_stores_the_plugin_s_role_user_acl_and_token_and_the_token_may_only_what_the_plugin_needs(storage):
@@ -161,6 +176,25 @@ def test_each_node_carries_the_region_and_its_proxmox_host_as_zone(storage):
             REGION, host), name
 
 
+def test_switching_the_labels_to_the_proxmox_ccm_gives_it_its_own_identity_and_release(storage):
+    pve = storage["with proxmox ccm"]["pve"]
+    assert pve["roles"] == {ROLE: sorted(CSI_PRIVILEGES), "k8s-dev-ccm": ["Sys.Audit", "VM.Audit", "VM.GuestAgent.Audit"]}
+    assert pve["users"] == ["dev-ccm@pve", USER]
+    assert sorted(pve["tokens"]) == ["dev-ccm@pve!kubernetes", TOKEN]
+    release = storage["with proxmox ccm"]["release"]["items"]
+    assert [(s["metadata"]["labels"]["name"], s["metadata"]["labels"]["status"]) for s in release] == [
+        ("proxmox-cloud-controller-manager", "deployed")]
+    pod = storage["with proxmox ccm"]["deployment"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    config = yaml.safe_load(base64.b64decode(storage["with proxmox ccm"]["secret"]["data"]["config.yaml"]))
+    assert config["clusters"][0]["token_id"] == "dev-ccm@pve!kubernetes"
+    talos_ccm = yaml.safe_load(storage["with proxmox ccm"]["ccm config"]["data"]["ccm-config.yaml"])
+    assert "transformations" not in (talos_ccm or {})  # one source of the labels
+    steps = storage["switched"].up.steps()
+    assert {steps[name] for name in ("ccm-role", "ccm-user", "ccm-acl", "ccm-token", "proxmox-ccm")} == {"create"}
+    assert {steps[name] for name in ("csi-role", "csi-user", "csi-acl", "csi-token", "proxmox-csi")} == {"same"}
+
+
 def test_removing_csi_removes_what_it_made_and_keeps_the_volume(storage):
     after = storage["after"]
     assert after["pve"] == {"roles": {}, "users": [], "tokens": {}, "acl": []}
@@ -171,4 +205,5 @@ def test_removing_csi_removes_what_it_made_and_keeps_the_volume(storage):
     assert after["volume"].status_code == 200, "the volume that holds data was deleted"
     steps = storage["removed"].up.steps()
     assert {steps[name] for name in ("csi-role", "csi-user", "csi-acl", "csi-token", "proxmox-csi",
-                                     "csi-config", "csi-namespace")} == {"delete"}
+                                     "csi-config", "csi-namespace", "ccm-role", "ccm-user", "ccm-acl", "ccm-token",
+                                     "proxmox-ccm", "ccm-config")} == {"delete"}
