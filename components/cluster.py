@@ -28,6 +28,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
     proxmox_paths,
     talosconfig_inputs,
 )
+from talos_proxmox.day_two import backup_target
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.proxmox_api.access import api_endpoint
 from talos_proxmox.settings.model import Settings
@@ -49,10 +50,13 @@ class TalosCluster(pulumi.ComponentResource):
         c, px, img = settings.cluster, settings.proxmox, settings.image
         facts = image_facts(settings)
 
-        # What this up changes about the nodes, and whether the API token may make the calls it takes:
-        # refused here (in the preview, before the ISO or any VM) when it may not happen.
+        # What this up changes about the nodes, whether the API token may make the calls it takes, and
+        # whether the backup bucket takes snapshots: refused here (in the preview, before the ISO or any VM).
+        target = backup_target.target_of(settings)
+        backup_props = target.props() if target is not None else None
         self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
-                                        proxmox_paths=proxmox_paths(settings), opts=child)
+                                        proxmox_paths=proxmox_paths(settings), backup_target=backup_props,
+                                        opts=child)
 
         self.image = TalosImage(
             "image", img.schematic, c.talos_version, cluster=c.name, factory_url=img.factory_url, platform=img.platform,

@@ -12,6 +12,7 @@ import pulumi
 import pulumi_proxmoxve as proxmoxve
 
 from talos_proxmox.cluster_plan.resource_inputs import machine_config_inputs, vm_facts
+from talos_proxmox.day_two import backup_target
 from providers.machine_configuration import MachineConfiguration
 from providers.node_lifecycle import NodeLifecycle
 from talos_proxmox.settings.model import NodeSettings, Settings
@@ -93,11 +94,17 @@ def vm_args(settings: Settings, node: NodeSettings, iso_file_id: pulumi.Input[st
     )
 
 
-def etcd_snapshot_inputs(settings: Settings) -> Optional[dict]:
+def etcd_snapshot_inputs(settings: Settings) -> Optional[pulumi.Input[dict]]:
+    """Where each pre-upgrade or pre-removal snapshot goes: the directory, and the backup bucket when the
+    stack has one (its credentials make the whole input a secret)."""
     snapshots = settings.lifecycle.etcd_snapshots
     if snapshots is None:
         return None
-    return {"directory": snapshots.directory, "keep": snapshots.keep, "cluster": settings.cluster.name}
+    inputs = {"directory": snapshots.directory, "keep": snapshots.keep, "cluster": settings.cluster.name}
+    target = backup_target.target_of(settings)
+    if target is None:
+        return inputs
+    return pulumi.Output.secret({**inputs, "target": target.props()})
 
 
 def secure_boot_firmware(settings: Settings) -> dict:

@@ -32,12 +32,14 @@ Every VM depends on it, so a refusal stops the up before any VM is touched, even
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Optional
 
 import pulumi
 import pulumi.dynamic as dynamic
 
 from talos_proxmox.day_two import (
+    backup_target,
     cluster_health,
     cluster_lock,
     drift,
@@ -104,8 +106,9 @@ def _outputs(props: dict[str, Any]) -> dict[str, Any]:
     return {key: props.get(key) for key in INPUTS}
 
 
-def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event) -> None:
-    """A control plane's etcd, snapshotted before it goes down or leaves (lifecycle.etcdSnapshots)."""
+def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event, reason: str) -> None:
+    """A control plane's etcd, snapshotted before it goes down or leaves (lifecycle.etcdSnapshots), and
+    also put in the backup bucket, encrypted, when the stack has one (`reason`: upgrade or removal)."""
     snapshots = props.get("etcd_snapshots")
     if node.role != "controlplane" or not snapshots:
         return
@@ -113,6 +116,11 @@ def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event)
                                         cluster=snapshots["cluster"], keep=int(snapshots["keep"]),
                                         timeout=min(_timeout(props), rolling.CALL_TIMEOUT * 10))
     event(f"etcd-snapshot {path}", node.name)
+    target = backup_target.BackupTarget.from_props(snapshots.get("target"))
+    if target is not None:
+        key = backup_target.upload_snapshot(target, path.read_bytes(), cluster=snapshots["cluster"], node=node.name,
+                                            reason=reason, now=datetime.datetime.now(datetime.timezone.utc))
+        event(f"etcd-snapshot s3://{target.bucket}/{key} (encrypted)", node.name)
 
 
 def upgrade_step(props: dict[str, Any]) -> None:
@@ -129,7 +137,7 @@ def upgrade_step(props: dict[str, Any]) -> None:
     with rolling.client_for(node, props["talosconfig"]) as client:
         rolling.upgrade_node(client, node, props["installer_image"], talos_version=props.get("talos_version"),
                              timeout=_timeout(props), backoff=rolling.DEFAULT_BACKOFF, on_event=event,
-                             before_upgrade=lambda: snapshot_first(client, node, props, event), kube=kube)
+                             before_upgrade=lambda: snapshot_first(client, node, props, event, "upgrade"), kube=kube)
 
 
 def hardware_step(props: dict[str, Any], changes: dict[str, tuple], proxmox: ProxmoxAccess) -> None:
@@ -231,7 +239,7 @@ class NodeLifecycleProvider(dynamic.ResourceProvider):
         event = progress_printer("remove", position=props.get("position"))
         try:
             with rolling.client_for(node, talosconfig) as client:
-                snapshot_first(client, node, props, event)
+                snapshot_first(client, node, props, event, "removal")
         except errors.TalosApiError as exc:  # a node already gone has no etcd to save; its peers keep theirs
             event(f"etcd-snapshot-skipped ({exc.__class__.__name__})", node.name)
         peers = _peers(props)
@@ -326,6 +334,9 @@ class NodeChangesProvider(dynamic.ResourceProvider):
         old = _plan(olds) if olds.get("nodes") is not None else None
         failures = [dynamic.CheckFailure("nodes", problem) for problem in node_changes.problems(old, _plan(news))]
         failures += [dynamic.CheckFailure("proxmox_paths", problem) for problem in self._privilege_problems(news)]
+        target = backup_target.BackupTarget.from_props(news.get("backup_target"))
+        if target is not None:
+            failures += [dynamic.CheckFailure("backup_target", p) for p in backup_target.target_problems(target)]
         return dynamic.CheckResult(news, failures)
 
     def _privilege_problems(self, news: dict[str, Any]) -> list[str]:
@@ -372,9 +383,12 @@ class NodeChanges(dynamic.Resource):
 
     def __init__(self, name: str, *, installer_image: str, kubernetes_version: Optional[str], nodes: dict,
                  talos_version: Optional[str] = None, allow_downgrade: bool = False,
-                 proxmox_paths: Optional[dict] = None, opts: Optional[pulumi.ResourceOptions] = None):
+                 proxmox_paths: Optional[dict] = None, backup_target: Optional[dict] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
         props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes,
                  "talos_version": talos_version, "allow_downgrade": allow_downgrade,
-                 # (resource_inputs.proxmox_paths) not part of the plan: checked, never recorded as a change
-                 "proxmox_paths": proxmox_paths}
+                 # (resource_inputs.proxmox_paths, backup_target.target_of) not part of the plan: checked,
+                 # never recorded as a change; the target holds the bucket's credentials
+                 "proxmox_paths": proxmox_paths,
+                 "backup_target": None if backup_target is None else pulumi.Output.secret(backup_target)}
         super().__init__(NodeChangesProvider(), name, props, opts)

@@ -97,6 +97,10 @@ attempt pulumi go_tool pulumi github.com/pulumi/pulumi/pkg/v3 "$PULUMI_VERSION" 
 # its sibling modules at the same release), and kwok, playing the nodes' kubelets.
 attempt etcd go_tool etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 attempt kwok go_tool kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
+# The backups' S3-compatible server (tests/stand_ins/s3_server.py): versitygw's posix gateway, with
+# SigV4 authentication, so wrong credentials are refused as a real bucket refuses them.
+attempt versitygw go_tool versitygw github.com/versity/versitygw "$VERSITYGW_VERSION" \
+  github.com/versity/versitygw/cmd/versitygw
 
 # k8s.io/kubernetes requires its staging modules (k8s.io/api, k8s.io/client-go, ...) at v0.0.0 and
 # replaces them by ./staging/src paths: outside its repository each is replaced by its published

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import base64
 
+import pyrage
 import pytest
 import yaml
 
 from tests.engine.cluster import engine_cluster, engine_stack
 from tests.engine.test_addons import _get, deploy
 from tests.paths import REPO
+from tests.stand_ins.s3_server import ACCESS_KEY, SECRET_KEY, serve_s3
 
 pytestmark = pytest.mark.engine
 
@@ -30,33 +32,43 @@ NODES = [("dr-cp-1", "controlplane", "127.0.0.122"), ("dr-worker-1", "worker", "
 TALOS = "v1.13.7"
 SNAPSHOTS = REPO / "tests" / "data" / "etcd"
 OURS, OTHER = SNAPSHOTS / "dr-cp-1.snapshot", SNAPSHOTS / "other-cluster.snapshot"
-S3_SECRET = "engine-s3-secret-9f1c2b7a"  # a stand-in bucket's key, set as a Pulumi secret
-RECIPIENT = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+IDENTITY = pyrage.x25519.Identity.generate()  # the operator's: the program only ever sees the recipient
+RECIPIENT = str(IDENTITY.to_public())
+UPGRADE = "v1.13.8"
 
 
 @pytest.fixture(scope="module")
 def recovery(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recovery")
-    with engine_cluster(tmp, NODES, TALOS) as (cluster, project):
-        # The S3 key as a user sets it: `pulumi config set --secret --path`, kept encrypted in the stack file.
-        project.cli("config", "set", "--secret", "--path", "talos-proxmox:backups.secretAccessKey", S3_SECRET,
-                    "--stack", project.stack)
-        encrypted = yaml.safe_load(project.stack_file.read_text())["config"]["talos-proxmox:backups"]
+    with engine_cluster(tmp, NODES, TALOS) as (cluster, project), serve_s3(tmp) as s3:
+        s3.make_bucket("etcd-backups")
 
-        def config(snapshot):
-            stack = engine_stack(cluster, NODES, TALOS, tmp / "secrets.yaml")
+        def encrypted_key(value: str) -> dict:
+            """The S3 key as a user sets it (`pulumi config set --secret --path`): its ciphertext in the stack file."""
+            project.cli("config", "set", "--secret", "--path", "talos-proxmox:backups.secretAccessKey", value,
+                        "--stack", project.stack)
+            return yaml.safe_load(project.stack_file.read_text())["config"]["talos-proxmox:backups"]
+
+        wrong_key, right_key = encrypted_key("not-the-bucket-key"), encrypted_key(SECRET_KEY)
+
+        def config(snapshot, key=right_key, talos=TALOS):
+            stack = engine_stack(cluster, NODES, talos, tmp / "secrets.yaml")
             stack["cluster"]["recoverFrom"] = str(snapshot)
-            stack["backups"] = {"bucket": "etcd-backups", "endpoint": "https://127.0.0.1:9",
-                                "accessKeyId": "talos-backup", "ageRecipient": RECIPIENT, **encrypted}
+            stack["backups"] = {"bucket": "etcd-backups", "endpoint": s3.endpoint, "accessKeyId": ACCESS_KEY,
+                                "ageRecipient": RECIPIENT, **key}
             return stack
         refused = cluster.deploy(project, config(OTHER), tmp / "render-refused", fails=True)
+        refused_key = cluster.deploy(project, config(OURS, key=wrong_key), tmp / "render-refused-key", fails=True)
         recovered = deploy(cluster, project, config(OURS), tmp / "render-recovered")
         backups = {"cron job": _get(cluster, "/apis/batch/v1/namespaces/kube-system/cronjobs/talos-backup"),
                    "talos access": _get(cluster, "/apis/talos.dev/v1alpha1/namespaces/kube-system/serviceaccounts/"
                                                  "talos-backup-secrets"),
                    "credentials": _get(cluster, "/api/v1/namespaces/kube-system/secrets/talos-backup-s3")}
         again = deploy(cluster, project, config(OURS), tmp / "render-again")
-        yield {"refused": refused, "recovered": recovered, "again": again, "cluster": cluster, "backups": backups}
+        upgraded = deploy(cluster, project, config(OURS, talos=UPGRADE), tmp / "render-upgraded")
+        yield {"refused": refused, "refused key": refused_key, "recovered": recovered, "again": again,
+               "upgraded": upgraded, "bucket": s3.objects("etcd-backups"), "s3 endpoint": s3.endpoint,
+               "cluster": cluster, "backups": backups}
 
 
 def test_a_snapshot_of_another_cluster_is_refused_before_any_pve_request_or_node_call(recovery):
@@ -100,15 +112,36 @@ def test_the_backup_cron_job_its_talos_access_and_credentials_as_the_api_server_
     env = {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
     assert env == {"BUCKET": "etcd-backups", "AWS_REGION": "us-east-1", "USE_PATH_STYLE": "true",
                    "CLUSTER_NAME": "dev", "S3_PREFIX": "dev", "AGE_X25519_PUBLIC_KEY": RECIPIENT,
-                   "CUSTOM_S3_ENDPOINT": "https://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "talos-backup-s3",
-                   "AWS_SECRET_ACCESS_KEY": "talos-backup-s3"}
+                   "CUSTOM_S3_ENDPOINT": recovery["s3 endpoint"],
+                   "AWS_ACCESS_KEY_ID": "talos-backup-s3", "AWS_SECRET_ACCESS_KEY": "talos-backup-s3"}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["talos-secrets"] == "/var/run/secrets/talos.dev"
     assert {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}["talos-secrets"] == (
         "talos-backup-secrets")
     assert backups["talos access"]["spec"] == {"roles": ["os:etcd:backup"]}
     data = {k: base64.b64decode(v).decode() for k, v in backups["credentials"]["data"].items()}
-    assert data == {"AWS_ACCESS_KEY_ID": "talos-backup", "AWS_SECRET_ACCESS_KEY": S3_SECRET}
+    assert data == {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
     recovered = recovery["recovered"]
-    assert S3_SECRET not in recovered.up.stdout + recovered.up.stderr + recovered.preview.stdout
-    assert S3_SECRET not in repr(recovered.state), "the S3 key is in the state export in plain text"
+    assert SECRET_KEY not in recovered.up.stdout + recovered.up.stderr + recovered.preview.stdout
+    assert SECRET_KEY not in repr(recovered.state), "the S3 key is in the state export in plain text"
+
+
+def test_refused_bucket_credentials_stop_the_preview_before_any_pve_request_or_node_call(recovery):
+    refused = recovery["refused key"]
+    assert refused.stopped_in_preview and refused.pve_requests == 0
+    assert all(calls == [] for calls in refused.calls.values()), refused.calls
+    printed = refused.preview.stdout + refused.preview.stderr
+    assert "talos-proxmox:backups.accessKeyId: the credentials are refused by s3://etcd-backups at http://127.0.0.1:" \
+        in printed, printed[-2000:]
+    assert "not-the-bucket-key" not in printed
+
+
+def test_the_snapshot_before_the_control_plane_s_upgrade_lands_encrypted_in_the_bucket(recovery):
+    cluster, upgraded = recovery["cluster"], recovery["upgraded"]
+    assert cluster.nodes["dr-cp-1"].version_tag == UPGRADE
+    [(key, stored)] = [(k, v) for k, v in recovery["bucket"].items() if k.startswith("dev/dev-dr-cp-1-")]
+    assert key.endswith("-upgrade.snapshot.age")
+    assert stored.startswith(b"age-encryption.org/v1\n")
+    assert pyrage.decrypt(stored, [IDENTITY]) == cluster.nodes["dr-cp-1"].etcd_snapshot_data
+    printed = "".join(upgraded.up.diagnostics("info#err"))
+    assert f"s3://etcd-backups/{key} (encrypted)" in printed

@@ -13,10 +13,22 @@ from tests.program.mocked_program import run_program, stack_config
 from tests.program.test_storage_component import PROXMOX, plain
 
 SECRET, CRON_JOB = "kubernetes:core/v1:Secret", "kubernetes:batch/v1:CronJob"
+DYNAMIC = "pulumi-python:dynamic:Resource"
 TALOS_SA = "kubernetes:talos.dev/v1alpha1:ServiceAccount"
 RECIPIENT = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
 BACKUPS = {"schedule": "15 */6 * * *", "bucket": "etcd-backups", "endpoint": "https://s3.lab.local:9000",
            "accessKeyId": "talos-backup", "secretAccessKey": "s3-secret-value-0123456789", "ageRecipient": RECIPIENT}
+
+
+def unwrapped_plain(value):
+    """`value` with every secret-wrapped part left out: what would reach the state in plain text."""
+    if isinstance(value, dict):
+        if plain(value) is not value:
+            return "[secret]"
+        return {k: unwrapped_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrapped_plain(v) for v in value]
+    return value
 
 
 def test_the_credentials_secret_the_talos_service_account_and_the_cron_job():
@@ -27,7 +39,8 @@ def test_the_credentials_secret_the_talos_service_account_and_the_cron_job():
     assert plain(credentials["stringData"]) != credentials["stringData"], "the credentials are sent as a secret"
     assert plain(credentials["stringData"]) == {"AWS_ACCESS_KEY_ID": "talos-backup",
                                                 "AWS_SECRET_ACCESS_KEY": "s3-secret-value-0123456789"}
-    assert not any("s3-secret-value" in repr(r.inputs) for r in run.registrations if r.type != SECRET)
+    assert not any("s3-secret-value" in repr(unwrapped_plain(r.inputs)) for r in run.registrations), \
+        "the S3 key is sent outside a secret"
     account = run.one(TALOS_SA, "backup-talos-access").inputs
     assert (account["metadata"], account["spec"]) == ({"name": "talos-backup-secrets", "namespace": "kube-system"},
                                                       {"roles": ["os:etcd:backup"]})
@@ -45,9 +58,27 @@ def test_the_credentials_secret_the_talos_service_account_and_the_cron_job():
         job.dependencies)
 
 
+def test_the_preview_check_and_each_control_plane_s_lifecycle_get_the_bucket_as_a_secret():
+    config = stack_config("test-cluster")
+    config["backups"] = BACKUPS
+    run = run_program(config, other_config=PROXMOX, secret_keys=["talos-proxmox:backups"])
+    [changes] = [r for r in run.named("node-changes") if r.type == DYNAMIC]
+    target = changes.inputs["backup_target"]
+    assert plain(target) != target, "the bucket's credentials are sent as a secret"
+    assert plain(target) == {"bucket": "etcd-backups", "endpoint": "https://s3.lab.local:9000", "region": "us-east-1",
+                             "path_style": True, "prefix": "test-cluster", "age_recipient": RECIPIENT,
+                             "access_key_id": "talos-backup", "secret_access_key": "s3-secret-value-0123456789"}
+    lifecycle = run.one(DYNAMIC, "lifecycle-master-1").inputs["etcd_snapshots"]
+    assert plain(lifecycle) != lifecycle and plain(lifecycle)["target"] == plain(target)
+    assert plain(lifecycle)["directory"] == "etcd-snapshots"
+
+
 def test_without_backups_nothing_of_them_is_made():
     run = run_program(stack_config("test-cluster"), other_config=PROXMOX)
     assert not run.of_type(CRON_JOB) and not run.of_type(TALOS_SA)
+    [changes] = [r for r in run.named("node-changes") if r.type == DYNAMIC]
+    assert changes.inputs.get("backup_target") is None
+    assert "target" not in run.one(DYNAMIC, "lifecycle-master-1").inputs["etcd_snapshots"]
 
 
 @pytest.mark.parametrize("change, message", [

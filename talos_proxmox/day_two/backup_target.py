@@ -1,0 +1,108 @@
+"""The stack's backup bucket (`backups`) from the program's side: checked in the preview (it exists, and the
+credentials may write to it), and where the etcd snapshots taken before a control plane's upgrade or removal
+also go, age-encrypted as talos-backup's are. No Pulumi here.
+
+Objects are named `<prefix>/<cluster>-<node>-<UTC time>-<reason>.snapshot.age`, beside talos-backup's
+`<prefix>/<cluster>-<time>.snap.age`. Only the recipient is ever given: what is uploaded cannot be read here.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+from talos_proxmox.settings.model import Settings
+
+CALL_TIMEOUT = 20.0  # seconds per S3 call: a preview must not hang on an unreachable endpoint
+
+
+@dataclass(frozen=True)
+class BackupTarget:
+    bucket: str
+    endpoint: Optional[str]
+    region: str
+    path_style: bool
+    prefix: str
+    age_recipient: str
+    access_key_id: str = field(repr=False)
+    secret_access_key: str = field(repr=False)
+
+    def props(self) -> dict[str, Any]:
+        """As a dynamic resource's input (to be wrapped as a Pulumi secret: it holds the credentials)."""
+        return asdict(self)
+
+    @classmethod
+    def from_props(cls, props: Optional[Mapping[str, Any]]) -> Optional["BackupTarget"]:
+        return cls(**{k: props[k] for k in cls.__dataclass_fields__}) if props else None
+
+    @property
+    def where(self) -> str:
+        return f"s3://{self.bucket} at {self.endpoint or f'AWS S3 ({self.region})'}"
+
+
+def target_of(settings: Settings) -> Optional[BackupTarget]:
+    b = settings.backups
+    if not b.enabled:
+        return None
+    return BackupTarget(bucket=b.bucket, endpoint=b.endpoint, region=b.region, path_style=b.path_style,
+                        prefix=b.prefix or settings.cluster.name, age_recipient=b.age_recipient,
+                        access_key_id=b.access_key_id, secret_access_key=b.secret_access_key)
+
+
+def _client(target: BackupTarget):
+    import boto3  # imported here: rendering and settings never need it
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3", endpoint_url=target.endpoint, region_name=target.region,
+        aws_access_key_id=target.access_key_id, aws_secret_access_key=target.secret_access_key,
+        config=Config(s3={"addressing_style": "path" if target.path_style else "virtual"},
+                      connect_timeout=CALL_TIMEOUT, read_timeout=CALL_TIMEOUT, retries={"max_attempts": 2}))
+
+
+# S3's answers that mean the credentials are not accepted, and those that mean the bucket is not there.
+_REFUSED = {"403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
+            "ExpiredToken"}
+_MISSING = {"404", "NoSuchBucket", "NotFound"}
+
+
+def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], Any] = _client) -> list[str]:
+    """What stops snapshots from reaching the target, one line each naming the stack key (never a credential)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        client_of(target).head_bucket(Bucket=target.bucket)
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _MISSING:
+            return [f"talos-proxmox:backups.bucket: {target.bucket!r} does not exist at "
+                    f"{target.endpoint or 'AWS S3'} (expected a bucket made beforehand)"]
+        if code in _REFUSED:
+            return [f"talos-proxmox:backups.accessKeyId: the credentials are refused by {target.where} ({code}; "
+                    "check backups.accessKeyId and backups.secretAccessKey)"]
+        return [f"talos-proxmox:backups.bucket: {target.where} answered {code or 'an error'}"]
+    except BotoCoreError as exc:
+        return [f"talos-proxmox:backups.endpoint: {target.endpoint or 'AWS S3'} cannot be reached "
+                f"({type(exc).__name__})"]
+    return []
+
+
+def object_key(target: BackupTarget, cluster: str, node: str, reason: str, now: datetime.datetime) -> str:
+    return (f"{target.prefix.strip('/')}/{cluster}-{node}-"
+            f"{now.astimezone(datetime.timezone.utc):%Y%m%dT%H%M%SZ}-{reason}.snapshot.age")
+
+
+def encrypt(data: bytes, recipient: str) -> bytes:
+    import pyrage
+
+    return pyrage.encrypt(data, [pyrage.x25519.Recipient.from_str(recipient)])
+
+
+def upload_snapshot(target: BackupTarget, data: bytes, *, cluster: str, node: str, reason: str,
+                    now: datetime.datetime, client_of: Callable[[BackupTarget], Any] = _client) -> str:
+    """Encrypt `data` to the target's recipient and put it in the bucket; returns the object's key."""
+    key = object_key(target, cluster, node, reason, now)
+    client_of(target).put_object(Bucket=target.bucket, Key=key, Body=encrypt(data, target.age_recipient),
+                                 ContentType="application/octet-stream")
+    return key
