@@ -87,13 +87,18 @@ def mask_secrets(lines: list[str], secrets: set[str]) -> list[str]:
     return masked
 
 
+def _project_path(source: str, base_dir: Path) -> Path:
+    """A path of the stack config: `~` expanded, relative ones to the project directory."""
+    path = Path(source).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
 def _secrets_file(settings: Settings, base_dir: Path) -> tuple[Settings, list[str]]:
     """cluster.secretsFile resolved against the project directory, read and validated as a bundle."""
     source = settings.cluster.secrets_file
     if source is None:
         return settings, []
-    path = Path(source).expanduser()
-    path = path if path.is_absolute() else base_dir / path
+    path = _project_path(source, base_dir)
     key = f"{PROJECT}:cluster.secretsFile"
     if not path.is_file():
         return settings, [f"{key}: {source!r} does not exist (expected a secrets bundle written by "
@@ -114,8 +119,7 @@ def _recover_from(settings: Settings, base_dir: Path) -> tuple[Settings, list[st
     source = settings.cluster.recover_from
     if source is None:
         return settings, []
-    path = Path(source).expanduser()
-    path = path if path.is_absolute() else base_dir / path
+    path = _project_path(source, base_dir)
     key = f"{PROJECT}:cluster.recoverFrom"
     try:
         data = path.read_bytes()
