@@ -182,7 +182,11 @@ class PulumiProject:
                 run.events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
         self.runs.append(run)
         if check and run.returncode != 0:
-            raise AssertionError(f"pulumi {' '.join(args)} exited {run.returncode}:\n{run.output[-6000:]}")
+            # The engine's errors first: the tail of a failed up is its closing events and tracebacks.
+            errors = "".join(run.diagnostics("error") + [line for line in run.diagnostics("info#err")
+                                                         if "talos-proxmox:" in line or "Error" in line][-20:])
+            raise AssertionError(f"pulumi {' '.join(args)} exited {run.returncode}:\n{errors}\n"
+                                 f"{run.output[-3000:]}")
         return run
 
     def init(self, config: Mapping[str, Any], other: Mapping[str, str] = {}, secrets: Mapping[str, str] = {}) -> None:
