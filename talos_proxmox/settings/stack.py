@@ -191,7 +191,7 @@ def load_settings(raw: Mapping[str, Any], secret_keys: Collection[str] = ()) -> 
     health = _read_health(r, raw.get("health"))
     lifecycle = _read_lifecycle(r, raw.get("lifecycle"))
     _check_addons(r, raw, cluster, nodes, cilium, hubble, ccm)
-    _check_csi(r, csi, proxmox, ccm)
+    _check_csi(r, csi, proxmox, ccm, cluster.get("name"))
     _check_boot(r, cluster, image)
     _check_cloud_init(r, image, nodes, raw_nodes)
     if r.problems:

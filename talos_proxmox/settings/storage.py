@@ -96,11 +96,21 @@ def _read_csi(r: _Reader, raw: Any, cluster_name: Optional[str]) -> CsiSettings:
     )
 
 
-def _check_csi(r: _Reader, csi: CsiSettings, proxmox: Optional[ProxmoxSettings], ccm: CcmSettings) -> None:
+# PVE's longest user id (pve-access-control: `userid` at most 64 characters, realm included).
+PVE_USER_ID_MAX = 64
+
+
+def _check_csi(r: _Reader, csi: CsiSettings, proxmox: Optional[ProxmoxSettings], ccm: CcmSettings,
+               cluster_name: Optional[str] = None) -> None:
     """What the stack must say for the plugin to work: its classes on datastores every node's host has, one
-    default at most, and a running source of the topology labels the plugin places volumes by."""
+    default at most, a running source of the topology labels the plugin places volumes by, and a cluster
+    name short enough for the plugins' Proxmox users (`<cluster>-csi@pve`)."""
     if not csi.enabled:
         return
+    if cluster_name and len(f"{cluster_name}-csi@pve") > PVE_USER_ID_MAX:
+        r.fail("cluster.name", cluster_name, f"is too long for the CSI plugin's Proxmox user {cluster_name}-csi@pve "
+                                             f"(PVE takes user ids of at most {PVE_USER_ID_MAX} characters; "
+                                             f"expected a name of at most {PVE_USER_ID_MAX - 8})")
     if not csi.storage_classes:
         r.report("csi.storageClasses", "is empty: with csi.enabled: true, expected at least one StorageClass "
                                        "(e.g. [{name: proxmox-data, datastore: local-lvm}])")
