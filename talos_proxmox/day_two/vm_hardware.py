@@ -42,6 +42,7 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
                    on_event: Optional[rolling.Event] = None, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.monotonic) -> None:
     """Bring the VM's pending hardware in: node healthy, Talos shutdown, Proxmox start, node healthy again.
+    A VM found stopped (a roll cut short after its shutdown) is started and must come back healthy.
 
     `client` is the node's Talos client, `api` a Proxmox client (proxmoxer). With nothing pending
     (Proxmox hot-plugged the change) the node is not touched. RollError names the node on failure.
@@ -53,25 +54,36 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
         return max(deadline - clock(), 1.0)
 
     what = ", ".join(f"{HARDWARE[fact]} {before} -> {after}" for fact, (before, after) in changes.items())
-    rolling.wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep,
-                         clock=clock)
-    event("healthy-before", node.name)
     try:
-        pending = vms.pending_changes(api, vm)
+        stopped = vms.is_stopped(api, vm)
     except Exception as exc:  # noqa: BLE001 - proxmoxer raises its own and requests' errors
-        raise rolling.RollError(node, f"reading the pending config of {vm} failed: {exc}") from None
-    if not pending:
-        event(f"hardware-applied-live ({what})", node.name)
-        return
-    event(f"shutdown-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
+        raise rolling.RollError(node, f"reading the power state of {vm} failed: {exc}") from None
+    if stopped:
+        # An earlier roll stopped here (its up was cut short, or PVE's start failed) after Talos had drained
+        # and powered off the node, or someone stopped the VM: the node is down already, so no health gate
+        # first and no shutdown; the start applies what is pending, and the node must come back healthy.
+        event(f"vm-found-stopped (starting it to apply {what})", node.name)
+    else:
+        rolling.wait_healthy(client, node, timeout=min(preflight_timeout, timeout), backoff=backoff, sleep=sleep,
+                             clock=clock)
+        event("healthy-before", node.name)
+        try:
+            pending = vms.pending_changes(api, vm)
+        except Exception as exc:  # noqa: BLE001 - proxmoxer raises its own and requests' errors
+            raise rolling.RollError(node, f"reading the pending config of {vm} failed: {exc}") from None
+        if not pending:
+            event(f"hardware-applied-live ({what})", node.name)
+            return
+        event(f"shutdown-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
+        try:
+            client.shutdown(force=False, timeout=rolling.CALL_TIMEOUT)
+        except errors.TalosApiError as exc:
+            raise rolling.RollError(node, f"Talos refused to shut down to apply {what}: {exc}") from None
     try:
-        client.shutdown(force=False, timeout=rolling.CALL_TIMEOUT)
-    except errors.TalosApiError as exc:
-        raise rolling.RollError(node, f"Talos refused to shut down to apply {what}: {exc}") from None
-    try:
-        vms.wait_stopped(api, vm, timeout=min(POWER_OFF_SECONDS, left()), sleep=sleep, clock=clock,
-                         still_running=lambda: event("draining (the VM is still running)", node.name))
-        event("vm-stopped", node.name)
+        if not stopped:
+            vms.wait_stopped(api, vm, timeout=min(POWER_OFF_SECONDS, left()), sleep=sleep, clock=clock,
+                             still_running=lambda: event("draining (the VM is still running)", node.name))
+            event("vm-stopped", node.name)
         vms.start(api, vm, timeout=min(START_SECONDS, left()), sleep=sleep, clock=clock)
     except Exception as exc:  # noqa: BLE001 - the task's failure, named by node
         raise rolling.RollError(node, f"power-cycling {vm} to apply {what} failed: {exc}") from None

@@ -60,6 +60,11 @@ def wait_task(api, host: str, upid: str, *, timeout: float, sleep: Callable[[flo
         sleep(TASK_POLL_SECONDS)
 
 
+def is_stopped(api, vm: VmRef) -> bool:
+    """Whether PVE reports the VM stopped (its status/current)."""
+    return _qemu(api, vm).status.current.get().get("status") == "stopped"
+
+
 def wait_stopped(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
                  still_running: Optional[Callable[[], None]] = None, every: float = STILL_RUNNING_EVERY) -> None:
@@ -67,7 +72,7 @@ def wait_stopped(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], Non
     `still_running()` is called every `every` seconds of waiting (a drain can take minutes)."""
     deadline = clock() + timeout
     next_report = clock() + every
-    while _qemu(api, vm).status.current.get().get("status") != "stopped":
+    while not is_stopped(api, vm):
         now = clock()
         if now >= deadline:
             raise ProxmoxTaskError(f"{vm} still running {timeout:g}s after its guest was asked to power off")

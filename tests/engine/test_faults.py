@@ -15,7 +15,8 @@ left (fingerprint(): the VMs, each node's mode, version and config, etcd, the Ku
 resources).
 
 Operations: the first deploy; a Talos roll, which toggles between v1.13.7 and v1.13.8 (allowDowngrade on,
-so that each row starts where the last ended); a worker added and removed. CI runs the rows below, a slice;
+so that each row starts where the last ended); a hardware roll, which toggles every node between 2 and 3
+cores; a worker added and removed. CI runs the rows below, a slice;
 `FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation
 made (see the README's "Faults"), which takes hours.
 """
@@ -44,6 +45,8 @@ WITH_ADDED = NODES + [(ADDED, "worker", "127.0.0.106")]
 CONTROL_PLANES = (CP1, CP2, CP3)
 VERSIONS = ("v1.13.7", "v1.13.8")
 ADDED_VM = 9100 + 106  # e2e_config: VM ids follow the address
+CP2_VM = 9100 + 103
+MORE_CORES = {"cpu": 3}  # the dev stack's nodes have 2
 API_PAUSE_SECONDS = 15
 VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs as (pulumi-proxmoxve 8)
 
@@ -51,12 +54,13 @@ VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs 
 @dataclass
 class Fault:
     """One row: the operation it hits, the kind of fault, where, and how it is made."""
-    operation: str  # "first deploy", "roll", "add", "remove"
+    operation: str  # "first deploy", "roll", "hardware", "add", "remove"
     kind: str  # kill, pve, talos, kubernetes
     where: str
     arm: Callable[[EngineCluster], None] = lambda _cluster: None  # before the up
     kill_when: Optional[Callable[[dict], bool]] = None  # kill: the engine event to kill the CLI at
     disarm: Callable[[EngineCluster], None] = lambda _cluster: None  # after the faulted up
+    next_up: tuple[str, ...] = ()  # options of the up that must finish the job
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Row:
     converged: bool  # the next up reached what a clean run reaches
     difference: dict = field(default_factory=dict)  # fingerprint keys that differ, when not converged
     restored: bool = False  # the kill cut the state file mid-write: restored from the CLI's backup first
+    next_run: Optional[CliRun] = None  # the up after it
 
 
 def step_starts(name: str, op: str) -> Callable[[dict], bool]:
@@ -105,6 +110,19 @@ ROLL_FAULTS = [
     Fault("roll", "kubernetes", f"the API server stops answering for {API_PAUSE_SECONDS}s as {WORKER}'s drain begins",
           arm=api_paused, disarm=api_resumed),
 ]
+# PVE's start of a stopped VM fails its task: the roll stops with the node drained and powered off, its new
+# hardware still pending. The next up must bring it back, with a plain up and after a refresh (which reads the
+# VM as `started: false`, so that the Proxmox plugin starts it before the node's roll runs).
+START_FAILS = f"{CP2}'s VM start task fails (QEMU exited with code 1)"
+HARDWARE_FAULTS = [
+    Fault("hardware", "kill", f"as {CP2}'s hardware roll begins", kill_when=step_starts(f"lifecycle-{CP2}", "update")),
+    Fault("hardware", "pve", f"{START_FAILS}; then a plain up",
+          arm=lambda cluster: cluster.pve.fail("POST", f"/nodes/pve/qemu/{CP2_VM}/status/start",
+                                               error="qemu_exited_code", times=1)),
+    Fault("hardware", "pve", f"{START_FAILS}; then `up --refresh`", next_up=("--refresh",),
+          arm=lambda cluster: cluster.pve.fail("POST", f"/nodes/pve/qemu/{CP2_VM}/status/start",
+                                               error="qemu_exited_code", times=1)),
+]
 MEMBERSHIP_FAULTS = [
     Fault("add", "pve", "the VM's create answers 500 (no quorum)",
           arm=lambda cluster: cluster.pve.fail("POST", "/nodes/pve/qemu", error="no_quorum", times=1)),
@@ -120,7 +138,7 @@ class Table:
 
     def __init__(self, cluster: EngineCluster, project: PulumiProject, tmp):
         self.cluster, self.project, self.tmp = cluster, project, tmp
-        self.version, self.nodes = VERSIONS[0], NODES
+        self.version, self.nodes, self.hardware = VERSIONS[0], NODES, None
         self.bootstraps_seen = 0
         self.rows: list[Row] = []
         self.references: dict[tuple, dict] = {}  # (version, node names) -> fingerprint after a clean run
@@ -129,7 +147,8 @@ class Table:
         self._runs = 0
 
     def config(self) -> dict:
-        config = engine_stack(self.cluster, self.nodes, self.version, self.tmp / "secrets.yaml")
+        config = engine_stack(self.cluster, self.nodes, self.version, self.tmp / "secrets.yaml",
+                              hardware=self.hardware)
         config["cluster"]["allowDowngrade"] = True
         return config
 
@@ -137,6 +156,8 @@ class Table:
         """Make the stack say what `operation` changes (from where the last up left it)."""
         if operation == "roll":
             self.version = VERSIONS[1 - VERSIONS.index(self.version)]
+        elif operation == "hardware":
+            self.hardware = None if self.hardware else MORE_CORES
         elif operation == "add":
             self.nodes = WITH_ADDED
         elif operation == "remove":
@@ -144,7 +165,7 @@ class Table:
         self.project.set_config(self.config())
 
     def key(self) -> tuple:
-        return self.version, tuple(name for name, _, _ in self.nodes)
+        return self.version, bool(self.hardware), tuple(name for name, _, _ in self.nodes)
 
     def clean(self, operation: str) -> EngineUp:
         self.target(operation)
@@ -161,7 +182,7 @@ class Table:
 
     def ensure_before(self, operation: str) -> None:
         """A worker is added only to a cluster without it, removed only from one with it."""
-        names = self.key()[1]
+        names = self.key()[-1]
         if operation == "add" and ADDED in names:
             self.clean("remove")
         elif operation == "remove" and ADDED not in names:
@@ -186,17 +207,21 @@ class Table:
         else:
             run = self.project.up(check=False)
         fault.disarm(self.cluster)
-        problems = invariants(self.cluster, self.project, run, started, self.key()[1])
+        problems = invariants(self.cluster, self.project, run, started, self.key()[-1])
         problems += [f"the killed run's provider host {pid} still runs {HOST_GRACE_SECONDS}s later"
                      for pid in left_running]
-        converging = self.project.up(check=False)
+        converging_started = time.monotonic()
+        converging = self.project.up(*fault.next_up, check=False)
+        problems += [f"in the next up: {problem}" for problem in
+                     invariants(self.cluster, self.project, converging, converging_started, self.key()[-1])]
         if converging.returncode != 0:
             problems.append(f"the next up failed: {''.join(converging.diagnostics('error'))[-1500:]}")
         found = fingerprint(self.cluster, self.project)
         reference = self.references.get(self.key())
         difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
                                                     if reference[k] != found[k]}
-        row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference, restored)
+        row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference, restored,
+                  converging)
         self.rows.append(row)
         return row
 
@@ -325,11 +350,13 @@ def table(tmp_path_factory) -> Table:
         reference = done.references[done.key()]
         done.rows[0].difference = {k: (reference[k], first[k]) for k in reference if reference[k] != first[k]}
         done.rows[0].converged = done.rows[0].converged and not done.rows[0].difference
+        done.clean("hardware")
+        done.clean("hardware")
         done.clean("add")
         done.clean("remove")
-        faults = ROLL_FAULTS + MEMBERSHIP_FAULTS
+        faults = ROLL_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
         if os.environ.get("FAULT_TABLE") == "full":
-            faults += [fault for operation in ("roll", "add", "remove")
+            faults += [fault for operation in ("roll", "hardware", "add", "remove")
                        for fault in every_fault(operation, done.recorded[operation])]
         for fault in faults:
             done.ensure_before(fault.operation)
@@ -360,8 +387,25 @@ def test_after_every_fault_the_next_up_reached_what_a_clean_run_reaches(table):
 
 
 def test_the_table_covers_every_operation_and_kind_of_fault(table):
-    assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "add", "remove"}
+    assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "hardware", "add", "remove"}
     assert {row.fault.kind for row in table.rows} == {"kill", "pve", "talos", "kubernetes"}
+
+
+def test_a_failed_start_stops_the_roll_naming_the_node_and_leaves_it_down_for_the_next_up(table):
+    rows = [row for row in table.rows if row.fault.where.startswith(START_FAILS)]
+    assert len(rows) == 2
+    for row in rows:
+        assert row.faulted.returncode != 0
+        errors = "".join(row.faulted.diagnostics("error"))
+        assert f"node {CP2} (127.0.0.103): power-cycling VM {CP2_VM} on pve" in errors, errors[-800:]
+        assert "QEMU exited with code 1" in errors
+    plain, refreshed = rows
+    # After the refresh the Proxmox plugin sees the VM stopped and starts it (`started`); the node's roll then
+    # waits for it to be healthy before the next node. Without one, the roll finds the VM stopped and starts it.
+    assert ("update", CP2) in refreshed.next_run.started()
+    assert ("update", CP2) not in plain.next_run.started()
+    for row in rows:
+        assert ("update", f"lifecycle-{CP2}") in row.next_run.started()
 
 
 def test_each_fault_did_strike(table):

@@ -70,13 +70,13 @@ def test_pending_hardware_comes_in_through_a_drained_shutdown_and_a_proxmox_star
 
     vm = f"/api2/json/nodes/{PVE_HOST}/qemu/{VM_ID}"
     calls = [(method, path) for method, path, _ in pve.requests[before:]]
-    assert calls[0] == ("GET", f"{vm}/pending")
+    assert calls[:2] == [("GET", f"{vm}/status/current"), ("GET", f"{vm}/pending")]
     # Talos was asked to shut down gracefully (it cordons and drains first), then PVE saw the VM stop
     [shutdown] = fake.calls_for("Shutdown")
     assert (shutdown.request.force, shutdown.roles) == (False, ("os:admin",))
-    polls = [c for c in calls[1:] if c == ("GET", f"{vm}/status/current")]
+    polls = [c for c in calls[2:] if c == ("GET", f"{vm}/status/current")]
     start = calls.index(("POST", f"{vm}/status/start"))
-    assert polls and calls[1:start] == polls
+    assert polls and calls[2:start] == polls
     assert calls[start + 1][0] == "GET" and f":qmstart:{VM_ID}:" in calls[start + 1][1]
     assert calls[start + 2:] == [("GET", f"{vm}/pending")]
     assert fake.reboots == 1 and [e.what for e in pve.power_events] == ["off", "up"]
@@ -138,6 +138,28 @@ def test_a_failed_start_stops_the_roll_naming_the_node_and_what_pve_said(node, p
     assert str(failed.value) == ("node cp-1 (10.5.0.1): power-cycling VM 9101 on pve1 to apply memory 4096 -> 8192 "
                                  "failed: task qmstart of VM 9101 on pve1 ended with: "
                                  "storage 'local-lvm' is not online")
+
+
+def test_a_roll_cut_short_after_the_shutdown_is_finished_by_the_next_without_a_second_shutdown(node, pve,
+                                                                                               credentials):
+    roll_node, fake = node
+    pve.vm(VM_ID).start_error = "QEMU exited with code 1"
+    pve.vm_changed(VM_ID, {"memory": 8192})
+    with pytest.raises(RollError, match="QEMU exited with code 1"):
+        _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, [])
+    assert pve.vm(VM_ID).status == "stopped" and not fake.is_up  # left down, drained, its config still pending
+
+    pve.vm(VM_ID).start_error = None
+    events, before = [], len(pve.requests)
+    _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, events)
+    # No health gate before (the node is down) and no second shutdown: a start, then the node healthy
+    assert events == ["vm-found-stopped (starting it to apply memory 4096 -> 8192)", "vm-started", "healthy"]
+    vm = f"/api2/json/nodes/{PVE_HOST}/qemu/{VM_ID}"
+    calls = [(method, path) for method, path, _ in pve.requests[before:]]
+    assert calls[:2] == [("GET", f"{vm}/status/current"), ("POST", f"{vm}/status/start")]
+    assert len(fake.calls_for("Shutdown")) == 1 and fake.is_up
+    assert pve.vm(VM_ID).config["memory"] == 8192 and pve.vm(VM_ID).pending == {}
+    assert [e.what for e in pve.power_events] == ["off", "up"]
 
 
 def test_a_node_that_does_not_come_back_stops_the_roll_naming_it(node, credentials):
