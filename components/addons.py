@@ -36,13 +36,13 @@ from providers.cluster_health import ClusterHealth
 from providers.helm_release_mode import AtomicUpgrades
 from talos_proxmox.settings.model import Settings
 
-def _release(resource_name: str, release_name: str, chart: str, version: str, values: dict[str, Any],
-             timeout_seconds: int, opts: pulumi.ResourceOptions, atomic: pulumi.Input[bool] = True,
-             **chart_args: Any) -> k8s.helm.v3.Release:
-    """A release in kube-system that rolls back (atomic) and cleans up when an install or upgrade fails;
-    Helm waits `timeout_seconds` for its workloads to be ready."""
+def helm_release(resource_name: str, release_name: str, chart: str, version: str, values: pulumi.Input[dict],
+                 timeout_seconds: int, opts: pulumi.ResourceOptions, atomic: pulumi.Input[bool] = True,
+                 namespace: str = NAMESPACE, **chart_args: Any) -> k8s.helm.v3.Release:
+    """A release (in kube-system unless `namespace` says) that rolls back (atomic) and cleans up when an
+    install or upgrade fails; Helm waits `timeout_seconds` for its workloads to be ready."""
     return k8s.helm.v3.Release(
-        resource_name, name=release_name, chart=chart, version=version, namespace=NAMESPACE, values=values,
+        resource_name, name=release_name, chart=chart, version=version, namespace=namespace, values=values,
         atomic=atomic, cleanup_on_fail=True, timeout=timeout_seconds, opts=opts, **chart_args)
 
 
@@ -96,7 +96,7 @@ class ClusterAddons(pulumi.ComponentResource):
                 release_sha256=release_sha256(CILIUM_CHART, settings.cilium.version, self.cilium_values,
                                               settings.cilium.repository),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(depends_on)))
-            self.cilium = _release(
+            self.cilium = helm_release(
                 "cilium", CILIUM_RELEASE, CILIUM_CHART, settings.cilium.version, self.cilium_values,
                 settings.cilium.timeout_seconds, after_cluster,
                 atomic=self.cilium_atomic.atomic,
@@ -114,7 +114,7 @@ class ClusterAddons(pulumi.ComponentResource):
         if settings.ccm.enabled:
             self.ccm_values = ccm_values(settings)
             # The chart is an oci:// reference: no repository to add.
-            self.ccm = _release("talos-ccm", CCM_RELEASE, settings.ccm.chart, settings.ccm.version, self.ccm_values,
+            self.ccm = helm_release("talos-ccm", CCM_RELEASE, settings.ccm.chart, settings.ccm.version, self.ccm_values,
                                 settings.ccm.timeout_seconds, after_cluster)
 
         releases = [r for r in (self.cilium, self.ccm) if r is not None]

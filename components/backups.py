@@ -36,7 +36,7 @@ class ClusterBackups(pulumi.ComponentResource):
             string_data=pulumi.Output.secret({"AWS_ACCESS_KEY_ID": b.access_key_id,
                                               "AWS_SECRET_ACCESS_KEY": b.secret_access_key}),
             opts=in_cluster)
-        account = talos_service_account(settings)
+        account = talos_service_account()
         self.talos_service_account = k8s.apiextensions.CustomResource(
             "backup-talos-access", api_version=account["apiVersion"], kind=account["kind"],
             metadata=account["metadata"], spec=account["spec"], opts=in_cluster)

@@ -16,6 +16,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_proxmoxve as proxmoxve
 
+from components.addons import helm_release
 from talos_proxmox.cluster_plan.storage_values import (
     CONFIG_KEY,
     CSI_NAMESPACE,
@@ -59,17 +60,15 @@ class ClusterStorage(pulumi.ComponentResource):
                 string_data={CONFIG_KEY: pulumi.Output.secret(config)}, opts=after_namespace)
 
         self.csi_values = csi_values(settings)
-        self.csi = k8s.helm.v3.Release(
-            "proxmox-csi", name=CSI_RELEASE, chart=csi.chart, version=csi.version, namespace=CSI_NAMESPACE,
-            values=self.csi_values, atomic=True, cleanup_on_fail=True, timeout=csi.timeout_seconds,
-            opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider,
-                                        depends_on=[*depends_on, self.secrets["csi"]]))
+        self.csi = helm_release(
+            "proxmox-csi", CSI_RELEASE, csi.chart, csi.version, self.csi_values, csi.timeout_seconds,
+            namespace=CSI_NAMESPACE, opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider,
+                                                                 depends_on=[*depends_on, self.secrets["csi"]]))
         self.proxmox_ccm: Optional[k8s.helm.v3.Release] = None
         if "ccm" in self.secrets:
-            self.proxmox_ccm = k8s.helm.v3.Release(
-                "proxmox-ccm", name=PROXMOX_CCM_RELEASE, chart=csi.proxmox_ccm_chart, version=csi.proxmox_ccm_version,
-                namespace=PROXMOX_CCM_NAMESPACE, values=proxmox_ccm_values(settings), atomic=True,
-                cleanup_on_fail=True, timeout=csi.timeout_seconds,
+            self.proxmox_ccm = helm_release(
+                "proxmox-ccm", PROXMOX_CCM_RELEASE, csi.proxmox_ccm_chart, csi.proxmox_ccm_version,
+                proxmox_ccm_values(settings), csi.timeout_seconds, namespace=PROXMOX_CCM_NAMESPACE,
                 opts=pulumi.ResourceOptions(parent=self, provider=k8s_provider,
                                             depends_on=[*depends_on, self.secrets["ccm"]]))
         self.register_outputs({})

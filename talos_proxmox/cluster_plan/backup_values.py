@@ -36,7 +36,7 @@ def talos_api_access(settings: Settings) -> Optional[dict[str, Any]]:
     return {"enabled": True, "allowedRoles": roles, "allowedKubernetesNamespaces": [BACKUP_NAMESPACE]}
 
 
-def talos_service_account(settings: Settings) -> dict[str, Any]:
+def talos_service_account() -> dict[str, Any]:
     return {"apiVersion": "talos.dev/v1alpha1", "kind": "ServiceAccount",
             "metadata": {"name": TALOS_SECRETS, "namespace": BACKUP_NAMESPACE},
             "spec": {"roles": [BACKUP_ROLE]}}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -24,14 +24,11 @@ from talos_proxmox.talos_config.merge import deep_merge
 CSI_NAMESPACE = "csi-proxmox"
 CSI_RELEASE = "proxmox-csi-plugin"
 CSI_CONFIG_SECRET = "proxmox-csi-plugin-config"
-CSI_PROVISIONER = "csi.proxmox.sinextra.dev"
 PROXMOX_CCM_NAMESPACE = "kube-system"
 PROXMOX_CCM_RELEASE = "proxmox-cloud-controller-manager"
 PROXMOX_CCM_CONFIG_SECRET = "proxmox-cloud-controller-manager-config"
 CONFIG_KEY = "config.yaml"  # the charts' default `existingConfigSecretKey`
 
-REGION_LABEL = "topology.kubernetes.io/region"
-ZONE_LABEL = "topology.kubernetes.io/zone"
 DEFAULT_CLASS_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
 
 # Pod Security labels of the plugin's namespace, as the chart's own namespace template sets them.
@@ -152,11 +149,6 @@ def topology_transformations(settings: Settings) -> list[dict[str, Any]]:
              "nodeSelector": [{"matchExpressions": [{"key": "hostname", "operator": "In", "values": names}]}],
              "platformMetadata": {"Region": settings.csi.region, "Zone": host}}
             for host, names in by_host.items()]
-
-
-def node_topology(settings: Settings) -> Mapping[str, dict[str, str]]:
-    """The labels each node is to carry, by node name: what the tests read back."""
-    return {node.name: {REGION_LABEL: settings.csi.region, ZONE_LABEL: node.proxmox_node} for node in settings.nodes}
 
 
 def ccm_topology_values(settings: Settings) -> dict[str, Any]:

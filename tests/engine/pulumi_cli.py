@@ -209,10 +209,10 @@ class PulumiProject:
     def up(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("up", "--yes", "--skip-preview", "--json", "--stack", self.stack, *extra, check=check)
 
-    def up_killed(self, when: Callable[[dict], bool], *extra: str, timeout: float = 600) -> CliRun:
-        """`pulumi up` killed with SIGKILL, its whole process group (as a closed laptop lid or a cancelled CI
-        job kills it), as soon as it prints an engine event `when` accepts; the run as far as it got
-        (returncode -9). Plugins the CLI started in process groups of their own live on, as they do then."""
+    def up_until(self, when: Callable[[dict], bool], act: Callable[[subprocess.Popen], None], *extra: str,
+                 timeout: float = 600) -> CliRun:
+        """`pulumi up`, and `act(process)` once, as soon as it prints an engine event `when` accepts; the run as
+        far as it got. It runs in a session of its own (as a terminal's job does), killed at `timeout`."""
         command = [str(TOOLS / "pulumi"), "up", "--yes", "--skip-preview", "--json", "--stack", self.stack,
                    *extra, "--non-interactive", "--cwd", str(self.project)]
         process = subprocess.Popen(command, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -222,23 +222,32 @@ class PulumiProject:
         reader.start()
         timer = threading.Timer(timeout, os.killpg, args=(process.pid, signal.SIGKILL))
         timer.start()
-        lines, events, killed = [], [], False
+        lines, events, acted = [], [], False
         try:
             for line in process.stdout:
                 lines.append(line)
-                if not killed and line.startswith("{"):
-                    events.append(json.loads(line))
-                    if when(events[-1]):
-                        os.killpg(process.pid, signal.SIGKILL)
-                        killed = True
+                if line.startswith("{"):
+                    try:
+                        events.append(json.loads(line))
+                    except ValueError:  # the last line of a killed run, cut short
+                        continue
+                    if not acted and when(events[-1]):
+                        acted = True
+                        act(process)
         finally:
             timer.cancel()
             process.wait()
             reader.join(10)
-        run = CliRun(("up", "--json", "(killed)"), process.returncode, "".join(lines), "".join(stderr), events)
+        run = CliRun(("up", "--json"), process.returncode, "".join(lines), "".join(stderr), events)
         self.runs.append(run)
-        assert killed, f"pulumi up ended ({process.returncode}) before the event to kill it at:\n{run.output[-3000:]}"
+        assert acted, f"pulumi up ended ({process.returncode}) before the event to act at:\n{run.output[-3000:]}"
         return run
+
+    def up_killed(self, when: Callable[[dict], bool], *extra: str, timeout: float = 600) -> CliRun:
+        """`pulumi up` killed with SIGKILL, its whole process group (as a closed laptop lid or a cancelled CI
+        job kills it), as soon as it prints an engine event `when` accepts; the run as far as it got
+        (returncode -9). Plugins the CLI started in process groups of their own live on, as they do then."""
+        return self.up_until(when, lambda process: os.killpg(process.pid, signal.SIGKILL), *extra, timeout=timeout)
 
     def preview(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("preview", "--json", "--stack", self.stack, *extra, check=check)

@@ -5,7 +5,8 @@ three control planes and a worker). Each row is an operation and a fault injecte
   kill         the CLI killed with SIGKILL (its process group) when the engine starts a step; then
                `pulumi cancel` (the lock the killed run left: the CLI asks for exactly that), then `up`;
   pve          PVE answers one call with one of its real errors (fakepve's catalogue), or a task that fails;
-  talos        a node answers one call with an error;
+  talos        a node answers one call with an error, holds it longer than the caller waits, or loses power
+               as it arrives (back a few seconds later, nothing of the call done);
   kubernetes   the API server stops answering for a while (SIGSTOP) during a drain.
 After the faulted up, the invariants are checked on the stand-ins' records: never two control planes down at
 once, every control plane still an etcd member, one bootstrap ever, every VM in Pulumi's state and every
@@ -19,6 +20,7 @@ so that each row starts where the last ended); a hardware roll, which toggles ev
 cores; a worker added and removed. CI runs the rows below, a slice;
 `FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation
 made (see the README's "Faults"), which takes hours.
+Last, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ ADDED_VM = 9100 + 106  # e2e_config: VM ids follow the address
 CP2_VM = 9100 + 103
 MORE_CORES = {"cpu": 3}  # the dev stack's nodes have 2
 API_PAUSE_SECONDS = 15
+NO_ANSWER_SECONDS = 35  # rolling.CALL_TIMEOUT is 30
+GONE_SECONDS = 10
 VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs as (pulumi-proxmoxve 8)
 
 
@@ -86,6 +90,30 @@ def talos_error(node: str, rpc: str) -> Callable[[EngineCluster], None]:
     return lambda cluster: cluster.nodes[node].fail_next(rpc, grpc.StatusCode.UNAVAILABLE, "stand-in: injected")
 
 
+def no_answer(node: str, rpc: str, seconds: float) -> Callable[[EngineCluster], None]:
+    """Arm: `node` holds its next `rpc` for `seconds` (longer than the caller waits for one call), then does it."""
+    def arm(cluster: EngineCluster) -> None:
+        def holding(fake: FakeTalosNode, request, context):
+            fake.behaviours.pop(rpc, None)
+            time.sleep(seconds)
+            return getattr(FakeTalosNode, "_rpc_" + rpc.replace("/", "_"))(fake, request, context)
+        cluster.nodes[node].behaviours[rpc] = holding
+    return arm
+
+
+def gone_at(node: str, rpc: str, downtime: float) -> Callable[[EngineCluster], None]:
+    """Arm: `node` drops off the network as its next `rpc` arrives (its power cut: nothing of the call is done)
+    and comes back, as it was, `downtime` seconds later."""
+    def arm(cluster: EngineCluster) -> None:
+        def gone(fake: FakeTalosNode, request, context):
+            fake.behaviours.pop(rpc, None)
+            fake.reboot(downtime, after=0.0)
+            time.sleep(downtime + 1)  # the connection is gone: whatever this answers reaches no one
+            context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in: the node lost power")
+        cluster.nodes[node].behaviours[rpc] = gone
+    return arm
+
+
 def pause_api_on(node: str, rpc: str) -> tuple[Callable, Callable]:
     """Arm/disarm: when `node` receives `rpc`, the API server stops answering for API_PAUSE_SECONDS."""
     def arm(cluster: EngineCluster) -> None:
@@ -107,6 +135,10 @@ ROLL_FAULTS = [
     Fault("roll", "kill", f"as {CP2}'s upgrade begins", kill_when=step_starts(f"lifecycle-{CP2}", "update")),
     Fault("roll", "talos", f"{CP2} answers its install (LifecycleService/Upgrade) UNAVAILABLE",
           arm=talos_error(CP2, "LifecycleService/Upgrade")),
+    Fault("roll", "talos", f"{CP3} does not answer its install for {NO_ANSWER_SECONDS:g}s (longer than one call may take)",
+          arm=no_answer(CP3, "LifecycleService/Upgrade", NO_ANSWER_SECONDS)),
+    Fault("roll", "talos", f"{CP2} loses power as its image pull begins, back {GONE_SECONDS:g}s later",
+          arm=gone_at(CP2, "ImageService/Pull", GONE_SECONDS)),
     Fault("roll", "kubernetes", f"the API server stops answering for {API_PAUSE_SECONDS}s as {WORKER}'s drain begins",
           arm=api_paused, disarm=api_resumed),
 ]
@@ -415,3 +447,16 @@ def test_each_fault_did_strike(table):
             assert row.faulted.returncode == -9, row.fault.where
     assert not table.cluster.pve.failures  # each PVE failure was used up
     assert not any(fake._failures.get("LifecycleService/Upgrade") for fake in table.cluster.nodes.values())
+    assert not any(fake.behaviours for fake in table.cluster.nodes.values())  # each held or lost call happened
+
+
+def test_a_second_up_of_the_stack_while_one_runs_is_refused_by_the_backends_lock(table):
+    """Last in this module: it moves the table's cluster on."""
+    table.target("roll")
+    second: list[CliRun] = []
+    first = table.project.up_until(step_starts(f"lifecycle-{CP1}", "update"),
+                                   lambda _process: second.append(table.project.up(check=False)))
+    assert first.returncode == 0, "".join(first.diagnostics("error"))[-1500:]
+    [refused] = second
+    assert refused.returncode != 0 and "the stack is currently locked" in refused.output, refused.output[-1500:]
+    assert refused.started() == []  # it did nothing: no step began

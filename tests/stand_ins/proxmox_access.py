@@ -36,6 +36,7 @@ class PveAccessObjects:
         self.pve_users: dict[str, dict] = {}
         self.user_tokens: dict[str, dict] = {}  # "user@realm!name" -> {comment, expire, privsep}
         self.acl_entries: list[dict] = []  # {path, roleid, type, ugid, propagate}
+        self._acl_granted: dict[str, list] = {}  # what the entries granted in `acl`, rebuilt on every change
 
     def _routes_stand_in_access(self):
         return [
@@ -231,8 +232,7 @@ class PveAccessObjects:
         grants made directly (`grant`) stay; those of entries are rebuilt."""
         if self.acl is None:
             self.acl = {}
-        granted = getattr(self, "_acl_granted", {})
-        for principal, grants in granted.items():
+        for principal, grants in self._acl_granted.items():
             kept = self.acl.get(principal, [])
             for grant in grants:
                 if grant in kept:
