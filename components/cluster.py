@@ -28,7 +28,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
     proxmox_paths,
     talosconfig_inputs,
 )
-from talos_proxmox.day_two import backup_target
+from talos_proxmox.day_two import backup_target, recovery_snapshot
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.proxmox_api.access import api_endpoint
 from talos_proxmox.settings.model import Settings
@@ -116,6 +116,8 @@ class TalosCluster(pulumi.ComponentResource):
         self.bootstrap = Bootstrap(
             "bootstrap", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
             recover_from=c.recover_from, recover_from_sha256=c.recover_from_sha256,
+            recover_identity_file=c.recover_identity_file,
+            recover_target=backup_props if c.recover_from and recovery_snapshot.is_object(c.recover_from) else None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nodes[first.name].apply]))
         self.kubeconfig_resource = Kubeconfig(
             "kubeconfig", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
