@@ -69,7 +69,8 @@ def recovery(tmp_path_factory):
                                 "ageRecipient": RECIPIENT, **key}
             return stack
         refused = cluster.deploy(project, config(OTHER), tmp / "render-refused", fails=True)
-        refused_key = cluster.deploy(project, config(key=wrong_key), tmp / "render-refused-key", fails=True)
+        # from the local copy, so that it is the preview's bucket check that meets the refused key
+        refused_key = cluster.deploy(project, config(OURS, key=wrong_key), tmp / "render-refused-key", fails=True)
         refused_identity = cluster.deploy(project, config(identity=stranger_file), tmp / "render-refused-identity",
                                           fails=True)
         recovered = deploy(cluster, project, config(), tmp / "render-recovered")

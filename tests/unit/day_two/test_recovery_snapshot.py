@@ -6,7 +6,6 @@ what that gives (an etcd snapshot of this cluster) and names the key and what is
 from __future__ import annotations
 
 import copy
-import dataclasses
 import datetime
 import hashlib
 from pathlib import Path
@@ -20,7 +19,8 @@ from talos_proxmox.settings.model import SettingsError
 from talos_proxmox.settings.stack import stack_file_values
 from talos_proxmox.settings.stack_config import StackConfig, load_stack
 from tests.paths import REPO
-from tests.stand_ins.s3_server import ACCESS_KEY, SECRET_KEY, serve_s3
+from tests.stand_ins.s3_server import ACCESS_KEY, SECRET_KEY
+from tests.support.day_two import backup_target, s3  # noqa: F401 - fixture
 
 SNAPSHOTS = REPO / "tests" / "data" / "etcd"
 OTHER = (SNAPSHOTS / "other-cluster.snapshot").read_bytes()  # prod-cp-1's, not a control plane of the dev stack
@@ -28,17 +28,8 @@ IDENTITY, STRANGER = pyrage.x25519.Identity.generate(), pyrage.x25519.Identity.g
 NOW = datetime.datetime(2026, 12, 7, 13, 5, 9, tzinfo=datetime.timezone.utc)
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with serve_s3(tmp_path_factory.mktemp("s3")) as server:
-        server.make_bucket("etcd-backups")
-        yield server
-
-
 def target(s3, **changes) -> BackupTarget:
-    return dataclasses.replace(BackupTarget(
-        bucket="etcd-backups", endpoint=s3.endpoint, region="us-east-1", path_style=True, prefix="dev",
-        age_recipient=str(IDENTITY.to_public()), access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY), **changes)
+    return backup_target(s3, str(IDENTITY.to_public()), **changes)
 
 
 @pytest.fixture
