@@ -28,7 +28,7 @@ from talos_proxmox.cluster_plan.resource_inputs import (
     proxmox_paths,
     talosconfig_inputs,
 )
-from talos_proxmox.day_two import backup_target
+from talos_proxmox.day_two import backup_target, recovery_snapshot
 from talos_proxmox.day_two.rolling import RollNode, roll_order
 from talos_proxmox.proxmox_api.access import api_endpoint
 from talos_proxmox.settings.model import Settings
@@ -50,19 +50,6 @@ class TalosCluster(pulumi.ComponentResource):
         c, px, img = settings.cluster, settings.proxmox, settings.image
         facts = image_facts(settings)
 
-        # What this up changes about the nodes, whether the API token may make the calls it takes, and
-        # whether the backup bucket takes snapshots: refused here (in the preview, before the ISO or any VM).
-        target = backup_target.target_of(settings)
-        backup_props = target.props() if target is not None else None
-        self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
-                                        proxmox_paths=proxmox_paths(settings), backup_target=backup_props,
-                                        opts=child)
-
-        self.image = TalosImage(
-            "image", img.schematic, c.talos_version, cluster=c.name, factory_url=img.factory_url, platform=img.platform,
-            arch=img.arch, secure_boot=img.secure_boot, proxmox_nodes=iso_hosts(settings), iso_datastore=px.iso_datastore,
-            after=[self.node_changes], opts=child)
-
         # The cluster's identity: losing or replacing it orphans every node, hence protect.
         self.secrets = MachineSecrets(
             "secrets", talos_version=c.talos_version, secrets_file=c.secrets_file,
@@ -70,6 +57,23 @@ class TalosCluster(pulumi.ComponentResource):
 
         self.talosconfig_resource = Talosconfig(
             "talosconfig", secrets=self.secrets.bundle, **talosconfig_inputs(settings), opts=child)
+
+        # What this up changes about the nodes, whether the API token may make the calls it takes, whether
+        # the backup bucket takes snapshots, and whether stored objects block a Kubernetes minor upgrade:
+        # refused here (in the preview, before the ISO or any VM).
+        target = backup_target.target_of(settings)
+        backup_props = target.props() if target is not None else None
+        self.node_changes = NodeChanges("node-changes", **node_change_plan(settings, facts.installer_image),
+                                        proxmox_paths=proxmox_paths(settings), backup_target=backup_props,
+                                        talosconfig=self.talosconfig_resource.talosconfig,
+                                        control_planes=[{"name": n.name, "address": n.ip}
+                                                        for n in settings.control_planes],
+                                        opts=child)
+
+        self.image = TalosImage(
+            "image", img.schematic, c.talos_version, cluster=c.name, factory_url=img.factory_url, platform=img.platform,
+            arch=img.arch, secure_boot=img.secure_boot, proxmox_nodes=iso_hosts(settings), iso_datastore=px.iso_datastore,
+            after=[self.node_changes], opts=child)
 
         # Keyed by node name: removing a node from the stack removes only its resources. Made in roll
         # order (control planes first) so each node's lifecycle can follow the one before it.
@@ -116,6 +120,8 @@ class TalosCluster(pulumi.ComponentResource):
         self.bootstrap = Bootstrap(
             "bootstrap", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,
             recover_from=c.recover_from, recover_from_sha256=c.recover_from_sha256,
+            recover_identity_file=c.recover_identity_file,
+            recover_target=backup_props if c.recover_from and recovery_snapshot.is_object(c.recover_from) else None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[self.nodes[first.name].apply]))
         self.kubeconfig_resource = Kubeconfig(
             "kubeconfig", node=first.ip, talosconfig=self.talosconfig_resource.talosconfig,

@@ -44,6 +44,7 @@ from talos_proxmox.day_two import (
     cluster_lock,
     drift,
     etcd_snapshots,
+    kubernetes_removals,
     node_changes,
     node_removal,
     rolling,
@@ -337,7 +338,32 @@ class NodeChangesProvider(dynamic.ResourceProvider):
         target = backup_target.BackupTarget.from_props(news.get("backup_target"))
         if target is not None:
             failures += [dynamic.CheckFailure("backup_target", p) for p in backup_target.target_problems(target)]
+        if old is not None and not failures:
+            failures += [dynamic.CheckFailure("kubernetes_version", p) for p in self._stored_object_problems(old, news)]
         return dynamic.CheckResult(news, failures)
+
+    @staticmethod
+    def _stored_object_problems(old: dict[str, Any], news: dict[str, Any]) -> list[str]:
+        """Objects stored under an API version the new Kubernetes minor removes (as upgrade-k8s checks)."""
+        before, after, talosconfig = old.get("kubernetes_version"), news.get("kubernetes_version"), news.get("talosconfig")
+        if not before or not after or has_unknowns(after) or not kubernetes_removals.removed_apis(before, after):
+            return []
+        if not talosconfig or has_unknowns(talosconfig):
+            return []  # a new talosconfig is made by this up: the cluster is read with it in the next preview
+        control_planes = [rolling.RollNode(name=n["name"], address=n["address"], role="controlplane")
+                          for n in news.get("control_planes") or ()]
+        what = f"cluster.kubernetesVersion {before} -> {after}"
+        try:
+            api, _peer = kubernetes_api(control_planes, talosconfig, node_removal.REACH_TIMEOUT)
+
+            def count(path: str) -> Optional[int]:
+                found = api.get(path)
+                return None if found is None else len(found.get("items") or ())
+
+            return [f"{what}: {problem}" for problem in kubernetes_removals.stored_object_problems(before, after, count)]
+        except (LookupError, cluster_health.KubeApiError) as exc:
+            return [f"{what}: the objects of the API versions Kubernetes {after} removes could not be listed "
+                    f"({exc}); the upgrade waits until they can"]
 
     def _privilege_problems(self, news: dict[str, Any]) -> list[str]:
         paths = news.get("proxmox_paths")
@@ -384,11 +410,15 @@ class NodeChanges(dynamic.Resource):
     def __init__(self, name: str, *, installer_image: str, kubernetes_version: Optional[str], nodes: dict,
                  talos_version: Optional[str] = None, allow_downgrade: bool = False,
                  proxmox_paths: Optional[dict] = None, backup_target: Optional[dict] = None,
+                 talosconfig: Optional[pulumi.Input[str]] = None, control_planes: Optional[list[dict]] = None,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = {"installer_image": installer_image, "kubernetes_version": kubernetes_version, "nodes": nodes,
                  "talos_version": talos_version, "allow_downgrade": allow_downgrade,
                  # (resource_inputs.proxmox_paths, backup_target.target_of) not part of the plan: checked,
                  # never recorded as a change; the target holds the bucket's credentials
                  "proxmox_paths": proxmox_paths,
-                 "backup_target": None if backup_target is None else pulumi.Output.secret(backup_target)}
+                 "backup_target": None if backup_target is None else pulumi.Output.secret(backup_target),
+                 # to list what a Kubernetes minor upgrade would strand (kubernetes_removals), never recorded
+                 "talosconfig": None if talosconfig is None else pulumi.Output.secret(talosconfig),
+                 "control_planes": control_planes}
         super().__init__(NodeChangesProvider(), name, props, opts)

@@ -16,6 +16,7 @@ would hold one of them for minutes and nine nodes would install in three waves.
 from __future__ import annotations
 
 import datetime
+import hashlib
 from typing import Any, Mapping, Optional
 
 import pulumi
@@ -23,7 +24,8 @@ import pulumi.dynamic as dynamic
 
 from providers import has_unknowns, operations_lock, vm_replaced
 
-from talos_proxmox.day_two import drift, rolling
+from talos_proxmox.day_two import drift, recovery_snapshot, rolling
+from talos_proxmox.day_two.backup_target import BackupTarget
 from talos_proxmox.day_two.progress import note, progress_printer
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.client import TalosClient, read_talosconfig
@@ -271,8 +273,7 @@ class BootstrapProvider(_TalosNodeProvider):
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         snapshot = None
         if props.get("recover_from"):
-            with open(props["recover_from"], "rb") as f:
-                snapshot = f.read()
+            snapshot = _recovery_snapshot(props)
             note("create", f"recovering etcd on {props['node']} from {props['recover_from']} "
                            f"({len(snapshot)} bytes): uploading, then bootstrapping from it")
         bootstrapped_now = operations.bootstrap_etcd(props["node"], props["talosconfig"],
@@ -303,9 +304,25 @@ class BootstrapProvider(_TalosNodeProvider):
                                                                                      "timeout_seconds")}})
 
 
+def _recovery_snapshot(props: dict[str, Any]) -> bytes:
+    """The snapshot the stack load checked, read again (fetched, decrypted): refused if it changed since."""
+    source = props["recover_from"]
+    try:
+        snapshot = recovery_snapshot.read_recovery_snapshot(
+            source, target=BackupTarget.from_props(props.get("recover_target")),
+            identity_file=props.get("recover_identity_file"))
+    except recovery_snapshot.RecoverySnapshotError as err:
+        raise ValueError(f"cluster.recoverFrom: {source!r} {err}") from None
+    if hashlib.sha256(snapshot).hexdigest() != props.get("recover_from_sha256"):
+        raise ValueError(f"cluster.recoverFrom: {source!r} changed since the stack was loaded (its sha256 differs): "
+                         "nothing was uploaded; run `pulumi up` again to check and recover from it as it is now")
+    return snapshot
+
+
 class Bootstrap(dynamic.Resource):
     """etcd bootstrapped on the first control plane node, once: never again, whichever node is first later;
-    with `recover_from` (an etcd snapshot file and its sha256), from that snapshot, once per snapshot."""
+    with `recover_from` (an etcd snapshot file or an object of the backup bucket, `recover_target`, decrypted
+    with `recover_identity_file` if need be, and its sha256), from that snapshot, once per snapshot."""
 
     node: pulumi.Output[str]
     already_bootstrapped: pulumi.Output[bool]
@@ -313,10 +330,14 @@ class Bootstrap(dynamic.Resource):
     def __init__(self, name: str, *, node: pulumi.Input[str], talosconfig: pulumi.Input[str],
                  endpoint: Optional[pulumi.Input[str]] = None, timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
                  recover_from: Optional[str] = None, recover_from_sha256: Optional[str] = None,
+                 recover_identity_file: Optional[str] = None, recover_target: Optional[dict] = None,
                  opts: Optional[pulumi.ResourceOptions] = None):
         props = {"node": node, "endpoint": endpoint, "timeout_seconds": timeout_seconds,
                  "talosconfig": pulumi.Output.secret(talosconfig), "already_bootstrapped": None,
-                 "recover_from": recover_from, "recover_from_sha256": recover_from_sha256}
+                 "recover_from": recover_from, "recover_from_sha256": recover_from_sha256,
+                 "recover_identity_file": recover_identity_file,
+                 # the bucket's credentials: only an object needs them, and then only as a secret
+                 "recover_target": pulumi.Output.secret(recover_target) if recover_target else None}
         super().__init__(BootstrapProvider(), name, props, opts)
 
 

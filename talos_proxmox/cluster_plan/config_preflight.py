@@ -14,6 +14,7 @@ import functools
 
 from talos_proxmox.cluster_plan.node_patches import DERIVED, labeled_node_patches
 from talos_proxmox.cluster_plan.resource_inputs import image_facts
+from talos_proxmox.day_two.kubernetes_removals import config_problems as removed_in_kubernetes
 from talos_proxmox.settings.model import PROJECT, NodeSettings, Settings
 from talos_proxmox.settings.values import is_dns_name
 from talos_proxmox.talos_config import machine_config, secrets_bundle
@@ -47,13 +48,13 @@ def _name_problems(documents: list[dict]) -> list[str]:
     return problems
 
 
-def _state_problems(documents: list[dict], role: str) -> list[str]:
-    """What is wrong with the config as it stands; [] when Talos would take it."""
+def _state_problems(documents: list[dict], role: str, kubernetes_version: str) -> list[str]:
+    """What is wrong with the config as it stands; [] when Talos (and the Kubernetes it runs) would take it."""
     try:
         final = machine_config.finalize([dict(d) for d in documents], role)
     except machine_config.MachineConfigError as err:
         return [line.strip()[2:] for line in str(err).splitlines()[1:]] or [str(err)]
-    return _name_problems(final)
+    return _name_problems(final) + removed_in_kubernetes(final, kubernetes_version)
 
 
 def _node_problems(settings: Settings, index: int, node: NodeSettings,
@@ -72,7 +73,7 @@ def _node_problems(settings: Settings, index: int, node: NodeSettings,
                                             f"{str(err).removeprefix(f'{label}: ')}")]
             return [(label, str(err).removeprefix(f"{label}: "))]
         if label != DERIVED:
-            states.append((label, _state_problems(documents, node.role)))
+            states.append((label, _state_problems(documents, node.role, c.kubernetes_version)))
     final = states[-1][1] if states else []
     if not final:
         return []

@@ -62,9 +62,9 @@ def _client(target: BackupTarget):
 
 
 # S3's answers that mean the credentials are not accepted, and those that mean the bucket is not there.
-_REFUSED = {"403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
+REFUSED_CODES = {"403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
             "ExpiredToken"}
-_MISSING = {"404", "NoSuchBucket", "NotFound"}
+MISSING_CODES = {"404", "NoSuchBucket", "NotFound"}
 
 
 def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], Any] = _client) -> list[str]:
@@ -75,10 +75,10 @@ def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], An
         client_of(target).head_bucket(Bucket=target.bucket)
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in _MISSING:
+        if code in MISSING_CODES:
             return [f"talos-proxmox:backups.bucket: {target.bucket!r} does not exist at "
                     f"{target.endpoint or 'AWS S3'} (expected a bucket made beforehand)"]
-        if code in _REFUSED:
+        if code in REFUSED_CODES:
             return [f"talos-proxmox:backups.accessKeyId: the credentials are refused by {target.where} ({code}; "
                     "check backups.accessKeyId and backups.secretAccessKey)"]
         return [f"talos-proxmox:backups.bucket: {target.where} answered {code or 'an error'}"]

@@ -28,7 +28,8 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
     s = r.section(raw, "cluster", (
         "name", "endpoint", "vip", "talosVersion", "kubernetesVersion", "podSubnets", "serviceSubnets",
         "domain", "installDisk", "kubespan", "discovery", "patches", "rolePatches", "secretsFile",
-        "systemDiskEncryption", "deletionProtection", "allowDowngrade", "recoverFrom"))
+        "systemDiskEncryption", "deletionProtection", "allowDowngrade", "recoverFrom",
+        "recoverIdentityFile"))
     ks = r.section(s.get("kubespan"), "cluster.kubespan", ("enabled", "mtu", "advertiseKubernetesNetworks"))
     role_patches_raw = r.section(s.get("rolePatches"), "cluster.rolePatches", ROLES)
     return dict(
@@ -71,7 +72,10 @@ def _read_cluster(r: _Reader, raw: Any) -> dict:
                                     "is not true or false", default=True),
         allow_downgrade=r.value(s, "allowDowngrade", "cluster.allowDowngrade", _bool, "is not true or false",
                                 default=False),
-        recover_from=r.value(s, "recoverFrom", "cluster.recoverFrom", _string, "is not a file path", default=None),
+        recover_from=r.value(s, "recoverFrom", "cluster.recoverFrom", _string,
+                             "is not a file path or an object (s3://<backups.bucket>/<key>)", default=None),
+        recover_identity_file=r.value(s, "recoverIdentityFile", "cluster.recoverIdentityFile", _string,
+                                      "is not a file path", default=None),
     )
 
 

@@ -138,6 +138,8 @@ class ClusterSettings:
     # An etcd snapshot file the cluster's bootstrap recovers etcd from (all control planes lost).
     recover_from: Optional[str] = None
     recover_from_sha256: Optional[str] = None  # of that file, read when the stack loads
+    # The age identities that decrypt an encrypted snapshot: a local file, read only when recovering.
+    recover_identity_file: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from talos_proxmox.settings.credentials import SECURE, ensure_no_plaintext_crede
 from talos_proxmox.settings.model import PROJECT, Settings, SettingsError
 from talos_proxmox.settings.stack import load_settings, stack_file_values
 from talos_proxmox.talos_config import secrets_bundle
-from talos_proxmox.day_two import etcd_snapshot_file
+from talos_proxmox.day_two import backup_target, etcd_snapshot_file, recovery_snapshot
 
 # Namespaces a stack of this program uses; a near miss of one of them is a typo, not another provider.
 KNOWN_NAMESPACES = (PROJECT, "proxmoxve", "kubernetes", "pulumi")
@@ -115,24 +115,28 @@ def _secrets_file(settings: Settings, base_dir: Path) -> tuple[Settings, list[st
 
 
 def _recover_from(settings: Settings, base_dir: Path) -> tuple[Settings, list[str]]:
-    """cluster.recoverFrom resolved against the project directory, read as an etcd snapshot of this cluster."""
+    """cluster.recoverFrom (a file, resolved against the project directory, or an object in the backup bucket)
+    read, decrypted if need be, and checked to be an etcd snapshot of this cluster."""
     source = settings.cluster.recover_from
     if source is None:
         return settings, []
-    path = _project_path(source, base_dir)
     key = f"{PROJECT}:cluster.recoverFrom"
+    identity_file = settings.cluster.recover_identity_file
+    if identity_file is not None:
+        identity_file = str(_project_path(identity_file, base_dir))
+    resolved = source if recovery_snapshot.is_object(source) else str(_project_path(source, base_dir))
     try:
-        data = path.read_bytes()
+        data = recovery_snapshot.read_recovery_snapshot(resolved, target=backup_target.target_of(settings),
+                                                        identity_file=identity_file)
         facts = etcd_snapshot_file.read_snapshot(data)
-    except OSError as err:
-        return settings, [f"{key}: {source!r} cannot be read ({err.strerror or err}; expected an etcd snapshot "
-                          f"file, relative to {base_dir})"]
+    except recovery_snapshot.RecoverySnapshotError as err:
+        return settings, [f"{key}: {source!r} {err}"]
     except etcd_snapshot_file.SnapshotError as err:
         return settings, [f"{key}: {source!r} cannot be recovered from: {err}"]
     problem = etcd_snapshot_file.foreign_snapshot_problem(facts, [(n.name, n.ip) for n in settings.control_planes])
     if problem is not None:
         return settings, [f"{key}: {source!r} {problem}"]
-    cluster = dataclasses.replace(settings.cluster, recover_from=str(path),
+    cluster = dataclasses.replace(settings.cluster, recover_from=resolved, recover_identity_file=identity_file,
                                   recover_from_sha256=hashlib.sha256(data).hexdigest())
     return dataclasses.replace(settings, cluster=cluster), []
 

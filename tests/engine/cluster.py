@@ -43,7 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Iterator, Mapping, Optional, Sequence
 
 import pytest
 
@@ -693,7 +693,7 @@ def engine_stack(cluster: EngineCluster, nodes, talos_version: str, secrets_file
 
 
 @contextlib.contextmanager
-def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]:
+def _real_kubernetes(tmp_path: Path, bundle: dict, apiserver_args: Sequence[str] = ()) -> Iterator[KubernetesWiring]:
     missing = kube.missing_binaries() + [name for name in ("pulumi-resource-kubernetes",)
                                          if not os.access(kube.TOOLS / name, os.X_OK)]
     missing += [] if any(CILIUM_CRDS.glob("*.yaml")) else ["cilium-crds"]
@@ -701,7 +701,8 @@ def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]
         pytest.fail(f"the engine tier needs {', '.join(missing)} in .tools: run `bash scripts/tools.sh`")
     ca_cert, ca_key = secrets_bundle.ca_pair(bundle, "k8s")
     sa_key = pki.pem_from_b64(bundle["certs"]["k8sserviceaccount"]["key"])
-    with kube.kube_cluster(tmp_path / "kube", ca_cert, ca_key, service_account_key_pem=sa_key) as running:
+    with kube.kube_cluster(tmp_path / "kube", ca_cert, ca_key, service_account_key_pem=sa_key,
+                           apiserver_args=apiserver_args) as running:
         wiring = KubernetesWiring(running, bundle, tmp_path / "charts")
         try:
             yield wiring
@@ -711,11 +712,13 @@ def _real_kubernetes(tmp_path: Path, bundle: dict) -> Iterator[KubernetesWiring]
 
 @contextlib.contextmanager
 def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: float = 0.2,
-                   addons: bool = False, **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
+                   addons: bool = False, apiserver_args: Sequence[str] = (),
+                   **options) -> Iterator[tuple[EngineCluster, PulumiProject]]:
     """Stand-ins for `nodes` [(name, role, ip)], the real control plane behind them, and a stack of the
     program on them, initialised (stack file, Proxmox endpoint, the API token as a secret) but not yet
     deployed. `install_seconds`: how long each node takes from its first apply to answering configured.
-    `addons`: Cilium and the CCM on, from the test's chart mirrors (`cluster.kubernetes`)."""
+    `addons`: Cilium and the CCM on, from the test's chart mirrors (`cluster.kubernetes`). `apiserver_args`:
+    more kube-apiserver flags."""
     missing = missing_tools()
     if missing:
         pytest.fail(f"the engine tier needs {', '.join(missing)} in .tools/bin: run `bash scripts/tools.sh`")
@@ -723,7 +726,7 @@ def engine_cluster(tmp_path: Path, nodes, talos_version: str, install_seconds: f
     secrets_file = tmp_path / "secrets.yaml"
     secrets_file.write_text(secrets_bundle.dump_secrets(bundle))
     secrets_file.chmod(0o600)
-    with _real_kubernetes(tmp_path, bundle) as wiring, \
+    with _real_kubernetes(tmp_path, bundle, apiserver_args) as wiring, \
             _engine_cluster(tmp_path, nodes, talos_version, install_seconds, bundle, secrets_file, wiring, addons,
                             **options) as made:
         yield made

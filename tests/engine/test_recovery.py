@@ -6,9 +6,11 @@ A new stack of one control plane and one worker (as after the loss: new VMs, the
 refreshed away) on the real Proxmox provider and the Talos stand-ins. First with a snapshot of another
 cluster (tests/data/etcd/other-cluster.snapshot, made by the real etcd): refused in the preview, before
 any PVE request or node call. Then with this cluster's snapshot (dr-cp-1.snapshot, a real etcd member
-`dr-cp-1` at the stack's first control plane): the first control plane receives exactly that file
-through EtcdRecover, then one Bootstrap with `recover_etcd`, and etcd is restored from it; a next up with
-the same stack recovers nothing again. The recovered stack also runs talos-backup: its CronJob, the Talos
+`dr-cp-1` at the stack's first control plane) as talos-backup leaves it: an object of the backup bucket,
+age-encrypted to the operator's recipient. With an identity file that is not the recipient's it is refused
+in the preview the same way; with the right one the first control plane receives exactly the decrypted
+snapshot through EtcdRecover, then one Bootstrap with `recover_etcd`, and etcd is restored from it; a next
+up with the same stack recovers nothing again. The recovered stack also runs talos-backup: its CronJob, the Talos
 ServiceAccount of the `os:etcd:backup` role and the Secret of the S3 credentials (set with `pulumi config
 set --secret --path`) are read back from the API server, and the credentials appear nowhere else.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import base64
 
+import boto3
 import pyrage
 import pytest
 import yaml
@@ -35,6 +38,8 @@ OURS, OTHER = SNAPSHOTS / "dr-cp-1.snapshot", SNAPSHOTS / "other-cluster.snapsho
 IDENTITY = pyrage.x25519.Identity.generate()  # the operator's: the program only ever sees the recipient
 RECIPIENT = str(IDENTITY.to_public())
 UPGRADE = "v1.13.8"
+BACKUP = "dev/dev-20261207T130509Z.snap.age"  # where talos-backup puts a snapshot: <prefix>/<cluster>-<time>.snap.age
+OBJECT = f"s3://etcd-backups/{BACKUP}"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +47,12 @@ def recovery(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recovery")
     with engine_cluster(tmp, NODES, TALOS) as (cluster, project), serve_s3(tmp) as s3:
         s3.make_bucket("etcd-backups")
+        boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1", aws_access_key_id=ACCESS_KEY,
+                     aws_secret_access_key=SECRET_KEY).put_object(
+            Bucket="etcd-backups", Key=BACKUP, Body=pyrage.encrypt(OURS.read_bytes(), [IDENTITY.to_public()]))
+        identity_file, stranger_file = tmp / "backup.key", tmp / "stranger.key"
+        identity_file.write_text(f"# public key: {RECIPIENT}\n{IDENTITY}\n")
+        stranger_file.write_text(f"{pyrage.x25519.Identity.generate()}\n")
 
         def encrypted_key(value: str) -> dict:
             """The S3 key as a user sets it (`pulumi config set --secret --path`): its ciphertext in the stack file."""
@@ -51,22 +62,26 @@ def recovery(tmp_path_factory):
 
         wrong_key, right_key = encrypted_key("not-the-bucket-key"), encrypted_key(SECRET_KEY)
 
-        def config(snapshot, key=right_key, talos=TALOS):
+        def config(snapshot=OBJECT, key=right_key, talos=TALOS, identity=identity_file):
             stack = engine_stack(cluster, NODES, talos, tmp / "secrets.yaml")
-            stack["cluster"]["recoverFrom"] = str(snapshot)
+            stack["cluster"].update(recoverFrom=str(snapshot), recoverIdentityFile=str(identity))
             stack["backups"] = {"bucket": "etcd-backups", "endpoint": s3.endpoint, "accessKeyId": ACCESS_KEY,
                                 "ageRecipient": RECIPIENT, **key}
             return stack
         refused = cluster.deploy(project, config(OTHER), tmp / "render-refused", fails=True)
+        # from the local copy, so that it is the preview's bucket check that meets the refused key
         refused_key = cluster.deploy(project, config(OURS, key=wrong_key), tmp / "render-refused-key", fails=True)
-        recovered = deploy(cluster, project, config(OURS), tmp / "render-recovered")
+        refused_identity = cluster.deploy(project, config(identity=stranger_file), tmp / "render-refused-identity",
+                                          fails=True)
+        recovered = deploy(cluster, project, config(), tmp / "render-recovered")
         backups = {"cron job": _get(cluster, "/apis/batch/v1/namespaces/kube-system/cronjobs/talos-backup"),
                    "talos access": _get(cluster, "/apis/talos.dev/v1alpha1/namespaces/kube-system/serviceaccounts/"
                                                  "talos-backup-secrets"),
                    "credentials": _get(cluster, "/api/v1/namespaces/kube-system/secrets/talos-backup-s3")}
-        again = deploy(cluster, project, config(OURS), tmp / "render-again")
-        upgraded = deploy(cluster, project, config(OURS, talos=UPGRADE), tmp / "render-upgraded")
-        yield {"refused": refused, "refused key": refused_key, "recovered": recovered, "again": again,
+        again = deploy(cluster, project, config(), tmp / "render-again")
+        upgraded = deploy(cluster, project, config(talos=UPGRADE), tmp / "render-upgraded")
+        yield {"refused": refused, "refused key": refused_key, "refused identity": refused_identity,
+               "identity file": stranger_file, "recovered": recovered, "again": again,
                "upgraded": upgraded, "bucket": s3.objects("etcd-backups"), "s3 endpoint": s3.endpoint,
                "cluster": cluster, "backups": backups}
 
@@ -93,7 +108,18 @@ def test_the_first_control_plane_gets_exactly_that_snapshot_then_one_recovering_
     assert cluster.nodes["dr-cp-1"].etcd_restored_from == OURS.read_bytes()
     assert not [c for c in recovered.calls["dr-worker-1"] if c.rpc in ("EtcdRecover", "Bootstrap")]
     printed = "".join(recovered.up.diagnostics("info#err")) + recovered.up.stdout
-    assert f"recovering etcd on 127.0.0.122 from {OURS} ({OURS.stat().st_size} bytes)" in printed
+    assert f"recovering etcd on 127.0.0.122 from {OBJECT} ({OURS.stat().st_size} bytes)" in printed
+
+
+def test_an_identity_that_cannot_decrypt_the_object_is_refused_before_any_pve_request_or_node_call(recovery):
+    refused = recovery["refused identity"]
+    assert refused.stopped_in_preview and refused.pve_requests == 0
+    assert all(calls == [] for calls in refused.calls.values()), refused.calls
+    printed = refused.preview.stdout + refused.preview.stderr
+    assert (f"talos-proxmox:cluster.recoverFrom: 's3://[secret]/{BACKUP}' cannot be decrypted with the identities "
+            f"in cluster.recoverIdentityFile '{recovery['identity file']}' (encrypted to another recipient?)"
+            in printed), printed[-2000:]
+    assert "AGE-SECRET-KEY" not in printed
 
 
 def test_a_next_up_with_the_same_snapshot_recovers_nothing_again(recovery):

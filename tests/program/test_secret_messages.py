@@ -47,7 +47,7 @@ def test_secret_values_of_misspelled_and_wrong_keys_are_named_not_quoted():
         "cilium, hubble, ccm, csi, backups, health, lifecycle)",
         "  - talos-proxmox:cluster.tokn: [secret] is not a known key (expected one of: name, endpoint, vip, "
         "talosVersion, kubernetesVersion, podSubnets, serviceSubnets, domain, installDisk, kubespan, discovery, "
-        "patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection, allowDowngrade, recoverFrom)",
+        "patches, rolePatches, secretsFile, systemDiskEncryption, deletionProtection, allowDowngrade, recoverFrom, recoverIdentityFile)",
         "  - talos-proxmox:cluster.name: [secret] is not a cluster name (expected lowercase letters, digits and "
         "'-', at most 63)",
     ]

@@ -330,6 +330,20 @@ def test_bootstrap_twice_is_success_both_times(configured_node):
     _assert_no_secrets(first.outs)
 
 
+def test_a_recovery_snapshot_that_changed_since_the_load_is_refused_before_any_node_call(configured_node, tmp_path):
+    snapshot = tmp_path / "etcd.snapshot"
+    snapshot.write_bytes((REPO / "tests" / "data" / "etcd" / "dr-cp-1.snapshot").read_bytes())
+    loaded = hashlib.sha256(snapshot.read_bytes()).hexdigest()
+    snapshot.write_bytes((REPO / "tests" / "data" / "etcd" / "other-cluster.snapshot").read_bytes())
+    with pytest.raises(ValueError) as err:
+        talos_operations.BootstrapProvider().create(
+            _props(configured_node, recover_from=str(snapshot), recover_from_sha256=loaded))
+    assert str(err.value) == (f"cluster.recoverFrom: {str(snapshot)!r} changed since the stack was loaded (its sha256 "
+                              "differs): nothing was uploaded; run `pulumi up` again to check and recover from it as "
+                              "it is now")
+    assert configured_node.calls == []
+
+
 def test_bootstrap_waits_while_not_available_yet(configured_node):
     configured_node.fail_next("Bootstrap", grpc.StatusCode.FAILED_PRECONDITION, "bootstrap is not available yet", times=2)
     result = talos_operations.BootstrapProvider().create(_props(configured_node))

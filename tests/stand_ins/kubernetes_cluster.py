@@ -259,11 +259,13 @@ def _write(path: Path, data: bytes | str, mode: int = 0o600) -> Path:
 
 @contextlib.contextmanager
 def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key_pem: bytes, *,
-                 service_account_key_pem: bytes | None = None) -> Iterator[KubeCluster]:
+                 service_account_key_pem: bytes | None = None,
+                 apiserver_args: Sequence[str] = ()) -> Iterator[KubeCluster]:
     """etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok, started in that order and
     each ready (its /readyz or /healthz) before the next; stopped in the reverse order on exit, whether
     the body raised or not. `service_account_key_pem`: the key that signs service-account tokens (the
-    bundle's `certs.k8sserviceaccount`; a fresh RSA key if not given)."""
+    bundle's `certs.k8sserviceaccount`; a fresh RSA key if not given). `apiserver_args`: more flags for
+    kube-apiserver (an alpha API turned on)."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ca_pem, ca_key = kubernetes_ca_cert_pem, kubernetes_ca_key_pem
@@ -330,6 +332,7 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
             "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={workdir / 'audit.log'}",
             "--audit-log-format=json", "--audit-log-mode=blocking",  # written before each answer
+            *apiserver_args,
         ])
         starter.wait_ready(apiserver, lambda: _ok(session, url + "/readyz"), "/readyz")
 

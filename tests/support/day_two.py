@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Callable, Collection, Optional
 
@@ -9,10 +10,12 @@ import pulumi
 import pytest
 
 from talos_proxmox.day_two import rolling
+from talos_proxmox.day_two.backup_target import BackupTarget
 from talos_proxmox.day_two.rolling import RollNode
 from talos_proxmox.talos_api import operations
 from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_api.retry import Backoff
+from tests.stand_ins.s3_server import ACCESS_KEY, SECRET_KEY, serve_s3
 from tests.program.mocked_program import RecordingMonitor
 from tests.support import seed_cluster as seed
 from tests.stand_ins.talos_api import FakeTalosNode, client_credentials
@@ -131,3 +134,18 @@ def recording_mocks(outputs: Callable[[pulumi.runtime.MockResourceArgs], dict]) 
     monitor = RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project="talos-proxmox", stack="test", preview=False, monitor=monitor)
     return monitor
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The real versitygw with the bucket `etcd-backups`."""
+    with serve_s3(tmp_path_factory.mktemp("s3")) as server:
+        server.make_bucket("etcd-backups")
+        yield server
+
+
+def backup_target(s3, recipient: str, **changes) -> BackupTarget:
+    """The stack's backup target (prefix `dev`) on `s3`'s bucket, with its credentials, `changes` made."""
+    return dataclasses.replace(BackupTarget(
+        bucket="etcd-backups", endpoint=s3.endpoint, region="us-east-1", path_style=True, prefix="dev",
+        age_recipient=recipient, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY), **changes)

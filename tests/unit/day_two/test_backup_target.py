@@ -6,30 +6,21 @@ sees to exactly what was given."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 
 import pyrage
 import pytest
 
 from talos_proxmox.day_two.backup_target import BackupTarget, target_problems, upload_snapshot
-from tests.stand_ins.s3_server import ACCESS_KEY, SECRET_KEY, serve_s3
+from tests.stand_ins.s3_server import SECRET_KEY
+from tests.support.day_two import backup_target, s3  # noqa: F401 - fixture
 
 IDENTITY = pyrage.x25519.Identity.generate()
 NOW = datetime.datetime(2026, 12, 7, 13, 5, 9, tzinfo=datetime.timezone.utc)
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    with serve_s3(tmp_path_factory.mktemp("s3")) as server:
-        server.make_bucket("etcd-backups")
-        yield server
-
-
 def target(s3, **changes) -> BackupTarget:
-    return dataclasses.replace(BackupTarget(
-        bucket="etcd-backups", endpoint=s3.endpoint, region="us-east-1", path_style=True, prefix="lab",
-        age_recipient=str(IDENTITY.to_public()), access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY), **changes)
+    return backup_target(s3, str(IDENTITY.to_public()), **{"prefix": "lab", **changes})
 
 
 def test_a_reachable_bucket_with_good_credentials_has_no_problem(s3):
