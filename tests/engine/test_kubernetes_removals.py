@@ -53,10 +53,10 @@ def removals(tmp_path_factory):
 def test_a_stored_workload_of_a_removed_version_refuses_the_minor_upgrade_in_the_preview(removals):
     refused = removals["refused"]
     assert refused.stopped_in_preview
-    printed = refused.preview.stdout + refused.preview.stderr
+    errors = "".join(refused.preview.diagnostics("error"))
     assert (f"cluster.kubernetesVersion {FROM} -> {TO}: 1 workloads stored as scheduling.k8s.io/v1alpha2, which "
             f"Kubernetes {TO} no longer serves: move them to a served version (or delete them) before this upgrade"
-            in printed), printed[-2000:]
+            in errors), errors[-3000:]
 
 
 def test_the_check_only_read(removals):
