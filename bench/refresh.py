@@ -36,7 +36,7 @@ def measure(size: int, root: Path) -> dict:
         preview = time.perf_counter() - started
         before = {name: len(node.calls) for name, node in cluster.nodes.items()}
         started = time.perf_counter()
-        run = project.cli("refresh", "--yes", "--json", "--stack", project.stack)
+        run = project.cli("refresh", "--yes", "--skip-preview", "--json", "--stack", project.stack)
         refresh = time.perf_counter() - started
         per_node = {name: len(node.calls) - before[name] for name, node in cluster.nodes.items()}
         changed = {k: v for k, v in run.summary().items() if k != "same"}

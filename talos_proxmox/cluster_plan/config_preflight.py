@@ -48,13 +48,48 @@ def _name_problems(documents: list[dict]) -> list[str]:
     return problems
 
 
+# Where each Kubernetes component's image is: in the v1alpha1 document, and in Talos 1.14's documents by kind.
+V1ALPHA1_IMAGES = {("machine", "kubelet"): "kubelet", ("cluster", "apiServer"): "kube-apiserver",
+                   ("cluster", "controllerManager"): "kube-controller-manager",
+                   ("cluster", "scheduler"): "kube-scheduler", ("cluster", "proxy"): "kube-proxy"}
+DOCUMENT_IMAGES = {"KubeletConfig": "kubelet", "KubeAPIServerConfig": "kube-apiserver",
+                   "KubeControllerManagerConfig": "kube-controller-manager", "KubeSchedulerConfig": "kube-scheduler",
+                   "KubeProxyConfig": "kube-proxy"}
+KUBELET_FLAVOURS = ("-fat", "-slim")  # Sidero Labs' kubelet image comes in both (the plain tag is one of them)
+
+
+def pinned_image_problems(documents: list[dict], kubernetes_version: str) -> list[str]:
+    """A component image a patch pins at another Kubernetes version: it would not move with
+    cluster.kubernetesVersion (an upgrade would leave that component behind, outside the skew policy)."""
+    images = []
+    for document in documents:
+        if machine_config.document_id(document) == ("", "v1alpha1", ""):
+            images += [(f"{section}.{key}.image", component, ((document.get(section) or {}).get(key) or {}).get("image"))
+                       for (section, key), component in V1ALPHA1_IMAGES.items()]
+        elif document.get("kind") in DOCUMENT_IMAGES:
+            images.append((f"{document['kind']} image", DOCUMENT_IMAGES[document["kind"]], document.get("image")))
+    problems = []
+    for where, component, image in images:
+        name = str(image or "").split("@", 1)[0]
+        tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+        version = tag.lstrip("v")
+        flavour = next((f for f in KUBELET_FLAVOURS if component == "kubelet" and version.endswith(f)), "")
+        version = version.removesuffix(flavour)
+        if version and version != kubernetes_version.lstrip("v"):
+            problems.append(f"{where} is pinned at {tag}, and cluster.kubernetesVersion is {kubernetes_version}: a "
+                            f"pinned {component} would stay behind on upgrades (tag it v{kubernetes_version.lstrip('v')}"
+                            f"{flavour})")
+    return problems
+
+
 def _state_problems(documents: list[dict], role: str, kubernetes_version: str) -> list[str]:
     """What is wrong with the config as it stands; [] when Talos (and the Kubernetes it runs) would take it."""
     try:
         final = machine_config.finalize([dict(d) for d in documents], role)
     except machine_config.MachineConfigError as err:
         return [line.strip()[2:] for line in str(err).splitlines()[1:]] or [str(err)]
-    return _name_problems(final) + removed_in_kubernetes(final, kubernetes_version)
+    return (_name_problems(final) + removed_in_kubernetes(final, kubernetes_version)
+            + pinned_image_problems(final, kubernetes_version))
 
 
 def _node_problems(settings: Settings, index: int, node: NodeSettings,
