@@ -20,11 +20,14 @@ from talos_proxmox.cluster_plan.backup_values import (
     backup_cron_job,
     talos_service_account,
 )
+from providers.backup_retention import BackupRetention
+from talos_proxmox.day_two import backup_target
 from talos_proxmox.settings.model import Settings
 
 
 class ClusterBackups(pulumi.ComponentResource):
-    """Attributes: `credentials` (Secret), `talos_service_account` (CustomResource), `cron_job`."""
+    """Attributes: `credentials` (Secret), `talos_service_account` (CustomResource), `cron_job`, `retention`
+    (the bucket's lifecycle rule, with `backups.retentionDays`, else None)."""
 
     def __init__(self, name: str, settings: Settings, k8s_provider: k8s.Provider,
                  depends_on: Sequence[pulumi.Resource] = (), opts: Optional[pulumi.ResourceOptions] = None) -> None:
@@ -45,4 +48,8 @@ class ClusterBackups(pulumi.ComponentResource):
             "backup-cron-job", metadata=job["metadata"], spec=job["spec"],
             opts=pulumi.ResourceOptions.merge(in_cluster, pulumi.ResourceOptions(
                 depends_on=[*depends_on, self.credentials, self.talos_service_account])))
+        self.retention: Optional[BackupRetention] = None
+        if b.retention_days is not None:
+            self.retention = BackupRetention("backup-retention", target=backup_target.target_of(settings).props(),
+                                             opts=pulumi.ResourceOptions(parent=self))
         self.register_outputs({})

@@ -4,6 +4,10 @@ also go, age-encrypted as talos-backup's are. No Pulumi here.
 
 Objects are named `<prefix>/<cluster>-<node>-<UTC time>-<reason>.snapshot.age`, beside talos-backup's
 `<prefix>/<cluster>-<time>.snap.age`. Only the recipient is ever given: what is uploaded cannot be read here.
+
+Retention (`backups.retentionDays`) is the bucket's own: a lifecycle rule of ours (one per prefix, by ID) that
+expires the prefix's objects, beside whatever rules the bucket has. talos-backup deletes nothing, and the
+server keeps the rule when no `pulumi up` runs for months.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class BackupTarget:
     age_recipient: str
     access_key_id: str = field(repr=False)
     secret_access_key: str = field(repr=False)
+    retention_days: Optional[int] = None
 
     def props(self) -> dict[str, Any]:
         """As a dynamic resource's input (to be wrapped as a Pulumi secret: it holds the credentials)."""
@@ -47,7 +52,8 @@ def target_of(settings: Settings) -> Optional[BackupTarget]:
         return None
     return BackupTarget(bucket=b.bucket, endpoint=b.endpoint, region=b.region, path_style=b.path_style,
                         prefix=b.prefix or settings.cluster.name, age_recipient=b.age_recipient,
-                        access_key_id=b.access_key_id, secret_access_key=b.secret_access_key)
+                        access_key_id=b.access_key_id, secret_access_key=b.secret_access_key,
+                        retention_days=b.retention_days)
 
 
 def _client(target: BackupTarget):
@@ -85,7 +91,55 @@ def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], An
     except BotoCoreError as exc:
         return [f"talos-proxmox:backups.endpoint: {target.endpoint or 'AWS S3'} cannot be reached "
                 f"({type(exc).__name__})"]
+    if target.retention_days is not None:
+        try:
+            lifecycle_rules(target, client_of)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in REFUSED_CODES:
+                return [f"talos-proxmox:backups.retentionDays: the credentials may not read the lifecycle rules of "
+                        f"{target.where} ({code}; retention needs s3:GetLifecycleConfiguration and "
+                        "s3:PutLifecycleConfiguration on the bucket)"]
+            return [f"talos-proxmox:backups.retentionDays: {target.where} does not keep lifecycle rules ({code}): "
+                    "set the retention on the server itself, and leave backups.retentionDays out"]
     return []
+
+
+def retention_rule_id(target: BackupTarget) -> str:
+    return f"talos-proxmox-retention-{target.prefix.strip('/')}"[:255]
+
+
+def with_retention(rules: list[dict], target: BackupTarget) -> list[dict]:
+    """The bucket's lifecycle rules with ours for the target's prefix (expiring its objects after
+    `retention_days`) in place of any earlier one of ours; the bucket's other rules as they were."""
+    ours = {"ID": retention_rule_id(target), "Status": "Enabled",
+            "Filter": {"Prefix": f"{target.prefix.strip('/')}/"}, "Expiration": {"Days": target.retention_days}}
+    return [rule for rule in rules if rule.get("ID") != ours["ID"]] + [ours]
+
+
+def without_retention(rules: list[dict], target: BackupTarget) -> list[dict]:
+    return [rule for rule in rules if rule.get("ID") != retention_rule_id(target)]
+
+
+def lifecycle_rules(target: BackupTarget, client_of: Optional[Callable[[BackupTarget], Any]] = None) -> list[dict]:
+    """The bucket's lifecycle rules ([] when it has none); ClientError when the server does not keep any."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return list((client_of or _client)(target).get_bucket_lifecycle_configuration(Bucket=target.bucket).get("Rules") or [])
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) == "NoSuchLifecycleConfiguration":
+            return []
+        raise
+
+
+def set_lifecycle_rules(target: BackupTarget, rules: list[dict],
+                        client_of: Optional[Callable[[BackupTarget], Any]] = None) -> None:
+    client = (client_of or _client)(target)
+    if rules:
+        client.put_bucket_lifecycle_configuration(Bucket=target.bucket, LifecycleConfiguration={"Rules": rules})
+    else:
+        client.delete_bucket_lifecycle(Bucket=target.bucket)
 
 
 def object_key(target: BackupTarget, cluster: str, node: str, reason: str, now: datetime.datetime) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from talos_proxmox.settings.image import _http_base_url
 from talos_proxmox.settings.model import DEFAULT_TALOS_BACKUP_IMAGE, BackupSettings
-from talos_proxmox.settings.values import _Reader, _bool, _matching, _string
+from talos_proxmox.settings.values import _Reader, _bool, _int_in, _matching, _string
 
 # S3 bucket names (AWS's rules, which S3-compatible servers follow): 3-63 of a-z 0-9 . -, alphanumeric ends.
 _BUCKET = re.compile(r"^(?=.{3,63}$)[a-z0-9][a-z0-9.-]*[a-z0-9]$")
@@ -69,7 +69,8 @@ def _schedule(v: Any) -> str:
 
 def _read_backups(r: _Reader, raw: Any) -> BackupSettings:
     s = r.section(raw, "backups", ("enabled", "schedule", "bucket", "endpoint", "region", "pathStyle", "prefix",
-                                   "accessKeyId", "secretAccessKey", "ageRecipient", "image"))
+                                   "accessKeyId", "secretAccessKey", "ageRecipient", "image",
+                                   "retentionDays"))
     enabled = r.value(s, "enabled", "backups.enabled", _bool, "is not true or false", default=bool(s))
     if isinstance(s.get("schedule"), str) and (problem := cron_problem(s["schedule"])):
         r.fail("backups.schedule", s["schedule"], f"is not a schedule Kubernetes takes: {problem}")
@@ -99,4 +100,6 @@ def _read_backups(r: _Reader, raw: Any) -> BackupSettings:
                               "the identity stays with you)", default=required),
         image=r.value(s, "image", "backups.image", _matching(_IMAGE), "is not an image reference (expected "
                       "registry/repository:tag)", default=DEFAULT_TALOS_BACKUP_IMAGE),
+        retention_days=r.value(s, "retentionDays", "backups.retentionDays", _int_in(1, 36500),
+                               "is not a number of days (expected 1-36500)", default=None),
     )

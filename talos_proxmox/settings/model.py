@@ -291,6 +291,7 @@ class BackupSettings:
     secret_access_key: str = field(default="", repr=False)
     age_recipient: str = ""
     image: str = DEFAULT_TALOS_BACKUP_IMAGE
+    retention_days: Optional[int] = None  # the bucket's lifecycle rule expires the prefix's objects; None: kept
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,17 @@ def test_the_preview_check_and_each_control_plane_s_lifecycle_get_the_bucket_as_
     assert plain(lifecycle)["directory"] == "etcd-snapshots"
 
 
+def test_retention_is_the_buckets_lifecycle_rule_made_with_the_target_as_a_secret():
+    config = stack_config("test-cluster")
+    config["backups"] = {**BACKUPS, "retentionDays": 30}
+    run = run_program(config, other_config=PROXMOX, secret_keys=["talos-proxmox:backups"])
+    target = run.one(DYNAMIC, "backup-retention").inputs["target"]
+    assert plain(target) != target, "the bucket's credentials are sent as a secret"
+    assert (plain(target)["prefix"], plain(target)["retention_days"]) == ("test-cluster", 30)
+    without = run_program({**config, "backups": BACKUPS}, other_config=PROXMOX, secret_keys=["talos-proxmox:backups"])
+    assert not without.named("backup-retention")
+
+
 def test_without_backups_nothing_of_them_is_made():
     run = run_program(stack_config("test-cluster"), other_config=PROXMOX)
     assert not run.of_type(CRON_JOB) and not run.of_type(TALOS_SA)
@@ -93,7 +104,8 @@ def test_without_backups_nothing_of_them_is_made():
                                               "the identity stays with you)"),
     ({"endpoint": "s3.lab.local:9000"}, "talos-proxmox:backups.endpoint: 's3.lab.local:9000' is not an http(s) URL "
                                         "of an S3-compatible endpoint (expected e.g. https://s3.lab.local:9000)"),
-], ids=["four-fields", "hour-25", "no-bucket", "identity-not-recipient", "endpoint-without-scheme"])
+    ({"retentionDays": 0}, "talos-proxmox:backups.retentionDays: 0 is not a number of days (expected 1-36500)"),
+], ids=["four-fields", "hour-25", "no-bucket", "identity-not-recipient", "endpoint-without-scheme", "no-days"])
 def test_a_bad_backups_section_is_refused_at_load_naming_the_key(change, message):
     raw = stack_config("test-cluster")
     raw["backups"] = {k: v for k, v in {**BACKUPS, **change}.items() if v is not None}

@@ -11,7 +11,15 @@ import datetime
 import pyrage
 import pytest
 
-from talos_proxmox.day_two.backup_target import BackupTarget, target_problems, upload_snapshot
+from talos_proxmox.day_two.backup_target import (
+    BackupTarget,
+    lifecycle_rules,
+    set_lifecycle_rules,
+    target_problems,
+    upload_snapshot,
+    with_retention,
+    without_retention,
+)
 from tests.stand_ins.s3_server import SECRET_KEY
 from tests.support.day_two import backup_target, s3  # noqa: F401 - fixture
 
@@ -46,3 +54,47 @@ def test_a_snapshot_is_stored_encrypted_and_decrypts_to_what_was_given(s3):
     stored = s3.objects("etcd-backups")[key]
     assert stored.startswith(b"age-encryption.org/v1\n") and snapshot not in stored
     assert pyrage.decrypt(stored, [IDENTITY]) == snapshot
+
+
+# --- retention: the bucket's lifecycle rule ----------------------------------------------------------------
+
+OTHER_RULE = {"ID": "logs", "Status": "Enabled", "Filter": {"Prefix": "logs/"}, "Expiration": {"Days": 7}}
+OUR_RULE = {"ID": "talos-proxmox-retention-lab", "Status": "Enabled", "Filter": {"Prefix": "lab/"},
+            "Expiration": {"Days": 30}}
+
+
+def test_a_server_that_keeps_no_lifecycle_rules_refuses_retention_by_its_key(s3):
+    assert target_problems(target(s3, retention_days=30)) == [
+        f"talos-proxmox:backups.retentionDays: s3://etcd-backups at {s3.endpoint} does not keep lifecycle rules "
+        "(NotImplemented): set the retention on the server itself, and leave backups.retentionDays out"]
+    assert target_problems(target(s3)) == []  # without retention it is not asked
+
+
+def test_our_rule_replaces_our_earlier_one_and_leaves_the_buckets_others(s3):
+    longer = {**OUR_RULE, "Expiration": {"Days": 90}}
+    assert with_retention([OTHER_RULE, longer], target(s3, retention_days=30)) == [OTHER_RULE, OUR_RULE]
+    assert without_retention([OTHER_RULE, OUR_RULE], target(s3, retention_days=30)) == [OTHER_RULE]
+
+
+def test_the_rule_goes_in_and_out_through_the_buckets_lifecycle_configuration(s3):
+    """botocore's Stubber checks each request against S3's API model and answers as scripted: versitygw keeps no
+    lifecycle rules (above), so here the requests themselves are what is checked."""
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b")
+    stub = Stubber(client)
+    bucket = {"Bucket": "etcd-backups"}
+    stub.add_client_error("get_bucket_lifecycle_configuration", "NoSuchLifecycleConfiguration", expected_params=bucket)
+    stub.add_response("put_bucket_lifecycle_configuration", {},
+                      {**bucket, "LifecycleConfiguration": {"Rules": [OUR_RULE]}})
+    stub.add_response("get_bucket_lifecycle_configuration", {"Rules": [OTHER_RULE, OUR_RULE]}, bucket)
+    stub.add_response("put_bucket_lifecycle_configuration", {},
+                      {**bucket, "LifecycleConfiguration": {"Rules": [OTHER_RULE]}})
+    stub.add_response("get_bucket_lifecycle_configuration", {"Rules": [OUR_RULE]}, bucket)
+    stub.add_response("delete_bucket_lifecycle", {}, bucket)
+    ours = target(s3, retention_days=30)
+    with stub:
+        for change in (with_retention, without_retention, without_retention):
+            set_lifecycle_rules(ours, change(lifecycle_rules(ours, lambda _t: client), ours), lambda _t: client)
+        stub.assert_no_pending_responses()
