@@ -16,8 +16,9 @@ left (fingerprint(): the VMs, each node's mode, version and config, etcd, the Ku
 resources).
 
 Operations: the first deploy; a Talos roll, which toggles between v1.13.7 and v1.13.8 (allowDowngrade on,
-so that each row starts where the last ended); a hardware roll, which toggles every node between 2 and 3
-cores; a worker added and removed. CI runs the rows below, a slice;
+so that each row starts where the last ended); a Kubernetes roll, one patch release up each time (Kubernetes
+never goes down; the fingerprint reads each config with the Kubernetes version masked); a hardware roll, which
+toggles every node between 2 and 3 cores; a worker added and removed. CI runs the rows below, a slice;
 `FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation
 made (see the README's "Faults"), which takes hours.
 Last, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does nothing.
@@ -49,6 +50,7 @@ VERSIONS = ("v1.13.7", "v1.13.8")
 ADDED_VM = 9100 + 106  # e2e_config: VM ids follow the address
 CP2_VM = 9100 + 103
 MORE_CORES = {"cpu": 3}  # the dev stack's nodes have 2
+KUBERNETES = "1.36.2"  # the dev stack's
 API_PAUSE_SECONDS = 15
 NO_ANSWER_SECONDS = 35  # rolling.CALL_TIMEOUT is 30
 GONE_SECONDS = 10
@@ -58,7 +60,7 @@ VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs 
 @dataclass
 class Fault:
     """One row: the operation it hits, the kind of fault, where, and how it is made."""
-    operation: str  # "first deploy", "roll", "hardware", "add", "remove"
+    operation: str  # "first deploy", "roll", "kubernetes", "hardware", "add", "remove"
     kind: str  # kill, pve, talos, kubernetes
     where: str
     arm: Callable[[EngineCluster], None] = lambda _cluster: None  # before the up
@@ -142,6 +144,11 @@ ROLL_FAULTS = [
     Fault("roll", "kubernetes", f"the API server stops answering for {API_PAUSE_SECONDS}s as {WORKER}'s drain begins",
           arm=api_paused, disarm=api_resumed),
 ]
+KUBERNETES_FAULTS = [
+    Fault("kubernetes", "kill", "as the Kubernetes upgrade begins", kill_when=step_starts("kubernetes-upgrade", "update")),
+    Fault("kubernetes", "talos", f"{CP2} answers its first configuration change of the roll UNAVAILABLE",
+          arm=talos_error(CP2, "ApplyConfiguration")),
+]
 # PVE's start of a stopped VM fails its task: the roll stops with the node drained and powered off, its new
 # hardware still pending. The next up must bring it back, with a plain up and after a refresh (which reads the
 # VM as `started: false`, so that the Proxmox plugin starts it before the node's roll runs).
@@ -170,7 +177,7 @@ class Table:
 
     def __init__(self, cluster: EngineCluster, project: PulumiProject, tmp):
         self.cluster, self.project, self.tmp = cluster, project, tmp
-        self.version, self.nodes, self.hardware = VERSIONS[0], NODES, None
+        self.version, self.nodes, self.hardware, self.kubernetes = VERSIONS[0], NODES, None, KUBERNETES
         self.bootstraps_seen = 0
         self.rows: list[Row] = []
         self.references: dict[tuple, dict] = {}  # (version, node names) -> fingerprint after a clean run
@@ -180,7 +187,7 @@ class Table:
 
     def config(self) -> dict:
         config = engine_stack(self.cluster, self.nodes, self.version, self.tmp / "secrets.yaml",
-                              hardware=self.hardware)
+                              hardware=self.hardware, kubernetes_version=self.kubernetes)
         config["cluster"]["allowDowngrade"] = True
         return config
 
@@ -188,6 +195,9 @@ class Table:
         """Make the stack say what `operation` changes (from where the last up left it)."""
         if operation == "roll":
             self.version = VERSIONS[1 - VERSIONS.index(self.version)]
+        elif operation == "kubernetes":
+            major_minor, patch = self.kubernetes.rsplit(".", 1)
+            self.kubernetes = f"{major_minor}.{int(patch) + 1}"
         elif operation == "hardware":
             self.hardware = None if self.hardware else MORE_CORES
         elif operation == "add":
@@ -205,7 +215,7 @@ class Table:
         pve_before = len(self.cluster.pve.requests)
         calls_before = {name: len(fake.calls) for name, fake in self.cluster.nodes.items()}
         up = self.cluster.deploy(self.project, self.config(), self.tmp / f"render-{self._runs}")
-        self.references.setdefault(self.key(), fingerprint(self.cluster, self.project))
+        self.references.setdefault(self.key(), fingerprint(self.cluster, self.project, self.kubernetes))
         self.recorded.setdefault(operation, (
             self.cluster.pve.requests[pve_before:],
             {name: fake.calls[calls_before[name]:] for name, fake in self.cluster.nodes.items()},
@@ -248,7 +258,7 @@ class Table:
                      invariants(self.cluster, self.project, converging, converging_started, self.key()[-1])]
         if converging.returncode != 0:
             problems.append(f"the next up failed: {''.join(converging.diagnostics('error'))[-1500:]}")
-        found = fingerprint(self.cluster, self.project)
+        found = fingerprint(self.cluster, self.project, self.kubernetes)
         reference = self.references.get(self.key())
         difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
                                                     if reference[k] != found[k]}
@@ -281,14 +291,19 @@ def provider_hosts_left(project: PulumiProject) -> list[int]:
         time.sleep(0.5)
 
 
-def fingerprint(cluster: EngineCluster, project: PulumiProject) -> dict:
-    """What a clean run of an operation leaves on the far side and in the state."""
+def masked_hash(config: Optional[bytes], kubernetes: str) -> str:
+    return hashlib.sha256((config or b"").replace(kubernetes.encode(), b"<kubernetes>")).hexdigest()[:16]
+
+
+def fingerprint(cluster: EngineCluster, project: PulumiProject, kubernetes: str) -> dict:
+    """What a clean run of an operation leaves on the far side and in the state; each node's config with the
+    Kubernetes version masked (a Kubernetes roll leaves what a clean one leaves at its own version)."""
     nodes = cluster.kubernetes.kube.request("GET", "/api/v1/nodes").json()["items"]
     return {
         "vms": sorted((vm.vmid, vm.name, vm.status, str(vm.config.get("cores")), str(vm.config.get("memory")))
                       for vm in cluster.pve.vms),
         # the nodes that have a VM: a destroyed VM's disk, and what its node ran, are gone
-        "talos": {name: (fake.mode, fake.version_tag, hashlib.sha256(fake.config or b"").hexdigest()[:16], fake.is_up)
+        "talos": {name: (fake.mode, fake.version_tag, masked_hash(fake.config, kubernetes), fake.is_up)
                   for name, fake in cluster.nodes.items() if name in {vm.name for vm in cluster.pve.vms}},
         "etcd": {name: sorted(m.hostname for m in cluster.nodes[name].etcd_members) for name in CONTROL_PLANES},
         "kubernetes": sorted((n["metadata"]["name"], bool(n["spec"].get("unschedulable"))) for n in nodes),
@@ -376,19 +391,20 @@ def table(tmp_path_factory) -> Table:
         done = Table(cluster, project, tmp)
         project.set_config(done.config())
         done.faulted(FIRST_DEPLOY_FAULT)
-        first = fingerprint(cluster, project)
+        first = fingerprint(cluster, project, done.kubernetes)
         done.clean("roll")
         done.clean("roll")  # back on the first deploy's version: what a clean first deploy leaves, but reboots
         reference = done.references[done.key()]
         done.rows[0].difference = {k: (reference[k], first[k]) for k in reference if reference[k] != first[k]}
         done.rows[0].converged = done.rows[0].converged and not done.rows[0].difference
+        done.clean("kubernetes")
         done.clean("hardware")
         done.clean("hardware")
         done.clean("add")
         done.clean("remove")
-        faults = ROLL_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
+        faults = ROLL_FAULTS + KUBERNETES_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
         if os.environ.get("FAULT_TABLE") == "full":
-            faults += [fault for operation in ("roll", "hardware", "add", "remove")
+            faults += [fault for operation in ("roll", "kubernetes", "hardware", "add", "remove")
                        for fault in every_fault(operation, done.recorded[operation])]
         for fault in faults:
             done.ensure_before(fault.operation)
@@ -419,7 +435,8 @@ def test_after_every_fault_the_next_up_reached_what_a_clean_run_reaches(table):
 
 
 def test_the_table_covers_every_operation_and_kind_of_fault(table):
-    assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "hardware", "add", "remove"}
+    assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "kubernetes", "hardware", "add",
+                                                           "remove"}
     assert {row.fault.kind for row in table.rows} == {"kill", "pve", "talos", "kubernetes"}
 
 
