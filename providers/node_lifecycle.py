@@ -363,7 +363,7 @@ class NodeChangesProvider(dynamic.ResourceProvider):
             return [f"{what}: {problem}" for problem in kubernetes_removals.stored_object_problems(before, after, count)]
         except (LookupError, cluster_health.KubeApiError) as exc:
             return [f"{what}: the objects of the API versions Kubernetes {after} removes could not be listed "
-                    f"({exc}); the upgrade waits until they can"]
+                    f"({exc}): the upgrade is refused until they can be"]
 
     def _privilege_problems(self, news: dict[str, Any]) -> list[str]:
         paths = news.get("proxmox_paths")
