@@ -64,6 +64,7 @@ from tests.stand_ins.proxmox_ve import ProxmoxStandIn, serve_proxmox
 from tests.stand_ins.talos_api import FakeTalosNode, RecordedCall, config_images
 
 TALOS_API_PORT = 50000
+MIRROR_POD_SECONDS = 30.0  # for kwok to confirm a replaced mirror pod's deletion
 # Where the stacks' lifecycles keep etcd snapshots (lifecycle.etcdSnapshots.directory).
 SNAPSHOT_DIR = tempfile.mkdtemp(prefix="e2e-etcd-snapshots-")
 
@@ -499,10 +500,18 @@ class KubernetesWiring:
         its config version) comes. Nothing before the node has registered."""
         if node.hostname not in self.registered:
             return
+        pod = f"/api/v1/namespaces/kube-system/pods/{component}-{node.hostname}"
         try:
             found = self.kube.request("GET", f"/api/v1/nodes/{node.hostname}")
-            self.kube.request("DELETE", f"/api/v1/namespaces/kube-system/pods/{component}-{node.hostname}",
-                              {"gracePeriodSeconds": 0})
+            # The old one must be gone before the new one is made: a pod bound to a node stays until kwok (the
+            # node's kubelet here) confirms its deletion, and a create meanwhile answers 409 and leaves the old
+            # config version in place.
+            self.kube.request("DELETE", pod, {"gracePeriodSeconds": 0})
+            deadline = time.monotonic() + MIRROR_POD_SECONDS
+            while self.kube.request("GET", pod).status_code != 404:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the old mirror pod is still there {MIRROR_POD_SECONDS:g}s after its delete")
+                time.sleep(0.1)
             self._mirror_pod(node.hostname, found.json()["metadata"]["uid"], component, image, version)
         except Exception as exc:  # noqa: BLE001 - reported through `errors`
             self.errors.append(f"{node.hostname}: {component} mirror pod: {exc}")
