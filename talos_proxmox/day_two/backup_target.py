@@ -39,7 +39,8 @@ class BackupTarget:
 
     @classmethod
     def from_props(cls, props: Optional[Mapping[str, Any]]) -> Optional["BackupTarget"]:
-        return cls(**{k: props[k] for k in cls.__dataclass_fields__}) if props else None
+        # the engine drops None values from maps (an AWS target's endpoint, no retention): absent is None
+        return cls(**{k: props.get(k) for k in cls.__dataclass_fields__}) if props else None
 
     @property
     def where(self) -> str:

@@ -98,3 +98,10 @@ def test_the_rule_goes_in_and_out_through_the_buckets_lifecycle_configuration(s3
         for change in (with_retention, without_retention, without_retention):
             set_lifecycle_rules(ours, change(lifecycle_rules(ours, lambda _t: client), ours), lambda _t: client)
         stub.assert_no_pending_responses()
+
+
+def test_a_target_read_back_without_its_optional_fields_takes_their_defaults(s3):
+    """Through the engine a None in a map is dropped: the target must read back all the same."""
+    aws = target(s3, endpoint=None)
+    props = {k: v for k, v in aws.props().items() if v is not None}
+    assert {"endpoint", "retention_days"}.isdisjoint(props) and BackupTarget.from_props(props) == aws
