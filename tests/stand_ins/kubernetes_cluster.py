@@ -97,11 +97,14 @@ def missing_binaries() -> list[str]:
     return [name for name in BINARIES if not os.access(TOOLS / name, os.X_OK)]
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the kernel's pick)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports free on 127.0.0.1 right now: each held until all are picked (one at a
+    time, the kernel may hand the same port out twice)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 def kubeconfig_yaml(server: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, user: str) -> str:
@@ -275,8 +278,8 @@ def kube_cluster(workdir: Path, kubernetes_ca_cert_pem: bytes, kubernetes_ca_key
         return pki.issue_certificate(ca_pem, ca_key, common_name=common_name, organizations=organizations,
                                      key_type=key_type, client=True)
 
-    ports = {name: free_port() for name in
-             ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")}
+    ports = dict(zip(("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok"),
+                     free_ports(6)))
     url = f"https://127.0.0.1:{ports['apiserver']}"
     etcd_url = f"http://127.0.0.1:{ports['etcd-client']}"
     peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
