@@ -18,7 +18,8 @@ resources Talos renders (`talos_manifests`: kube-proxy, CoreDNS at its Talos lin
 Bootstrap RPC creates their objects once, as Talos does. The kubelets are played where a Kubernetes upgrade
 looks: a Node registers with its address and the kubelet version of its configuration (updated when a new
 configuration changes the kubelet's image), and a control plane's mirror pods carry the image and the
-`talos.dev/config-version` of the static pod Talos last rendered. Two controllers of the charts are played
+`talos.dev/config-version` of the static pod Talos last rendered; like the real kubelet's, the played
+kubelets' sync is level-driven, so a node back from a reboot or a fault shows what its configuration says. Two controllers of the charts are played
 too, as no container runs: Cilium's operator registers its LB-IPAM CRDs (Cilium's own CRD files at the
 chart's release, .tools/cilium-crds) once its pod is scheduled, and the CCM's node controller lifts the
 `node.cloudprovider.kubernetes.io/uninitialized` taint, which each node registers with when the stack runs
@@ -48,6 +49,7 @@ from typing import Iterator, Mapping, Optional, Sequence
 import pytest
 
 import grpc
+import requests
 import yaml
 
 from talos_proxmox.commands import render
@@ -64,7 +66,6 @@ from tests.stand_ins.proxmox_ve import ProxmoxStandIn, serve_proxmox
 from tests.stand_ins.talos_api import FakeTalosNode, RecordedCall, config_images
 
 TALOS_API_PORT = 50000
-MIRROR_POD_SECONDS = 30.0  # for kwok to confirm a replaced mirror pod's deletion
 # Where the stacks' lifecycles keep etcd snapshots (lifecycle.etcdSnapshots.directory).
 SNAPSHOT_DIR = tempfile.mkdtemp(prefix="e2e-etcd-snapshots-")
 
@@ -283,6 +284,7 @@ CILIUM_OPERATOR_PODS = "/api/v1/namespaces/kube-system/pods?labelSelector=io.cil
 CCM_PODS = ("/api/v1/namespaces/kube-system/pods?labelSelector=app.kubernetes.io%2Fname%3D"
             "talos-cloud-controller-manager")
 CONTROLLER_POLL_SECONDS = 0.25
+MIRROR_PODS = "/api/v1/namespaces/kube-system/pods?labelSelector=tier%3Dcontrol-plane"
 
 
 # Talos's CRD for Kubernetes workloads' access to its API (internal/app/machined/pkg/controllers/k8s/
@@ -404,6 +406,8 @@ class KubernetesWiring:
         self.bundle = bundle
         self.registered: list[str] = []
         self.errors: list[str] = []
+        self._fakes: Mapping[str, FakeTalosNode] = {}  # the nodes whose kubelets are played (set by `wire`)
+        self._control_planes: set[str] = set()
         self._stopped = threading.Event()
         self.repository_ca = ChartCa(workdir / "repository-ca")
         self.registry_ca = ChartCa(workdir / "registry-ca")
@@ -487,43 +491,62 @@ class KubernetesWiring:
             response = self.kube.request("GET", f"/api/v1/nodes/{name}")
         if response.status_code not in (200, 201):
             raise RuntimeError(f"Node {name}: HTTP {response.status_code}: {response.text[:300]}")
-        uid = response.json()["metadata"]["uid"]
-        if control_plane:
-            for component in STATIC_PODS:
-                image, version = (node.static_pods.get(component, (None, 0)) if node is not None else (None, 0))
-                self._mirror_pod(name, uid, component, image or f"registry.k8s.io/{component}:v1.36.2", version)
         self._workload(name)
         self.registered.append(name)
 
-    def static_pod_updated(self, node: FakeTalosNode, component: str, image: str, version: int) -> None:
-        """As the kubelet does when Talos rewrites a static pod: the old mirror pod goes, the new one (its image,
-        its config version) comes. Nothing before the node has registered."""
-        if node.hostname not in self.registered:
-            return
-        pod = f"/api/v1/namespaces/kube-system/pods/{component}-{node.hostname}"
-        try:
-            found = self.kube.request("GET", f"/api/v1/nodes/{node.hostname}")
-            # The old one must be gone before the new one is made: a pod bound to a node stays until kwok (the
-            # node's kubelet here) confirms its deletion, and a create meanwhile answers 409 and leaves the old
-            # config version in place.
-            self.kube.request("DELETE", pod, {"gracePeriodSeconds": 0})
-            deadline = time.monotonic() + MIRROR_POD_SECONDS
-            while self.kube.request("GET", pod).status_code != 404:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the old mirror pod is still there {MIRROR_POD_SECONDS:g}s after its delete")
-                time.sleep(0.1)
-            self._mirror_pod(node.hostname, found.json()["metadata"]["uid"], component, image, version)
-        except Exception as exc:  # noqa: BLE001 - reported through `errors`
-            self.errors.append(f"{node.hostname}: {component} mirror pod: {exc}")
+    def _play_kubelets(self) -> None:
+        """The kubelets' sync loop: what each running node's kubelet keeps true in the API server, whatever
+        happened before (a reboot, a kill of the up, a paused API server). As the real kubelet does, it is
+        level-driven: the mirror pod of each static pod Talos last rendered (a changed or missing one is
+        replaced: the old deleted, the new made once it is gone), and the Node's kubelet version. A node
+        powered off does nothing, so its mirror pods stay as they were until it runs again."""
+        while not self._stopped.wait(CONTROLLER_POLL_SECONDS):
+            try:
+                self._sync_kubelets()
+            except requests.RequestException:
+                continue  # the API server is away (a fault row pauses it): the kubelet retries, as the real one
+            except Exception as exc:  # noqa: BLE001 - reported through `errors`, once while it lasts
+                if not self.errors or self.errors[-1] != f"played kubelets: {exc}":
+                    self.errors.append(f"played kubelets: {exc}")
 
-    def kubelet_restarted(self, node: FakeTalosNode, image: str) -> None:
-        """The Node's reported kubelet version once the kubelet runs the new image."""
-        if node.hostname not in self.registered:
+    def _sync_kubelets(self) -> None:
+        running = [self._fakes[name] for name in dict.fromkeys(self.registered)
+                   if name in self._fakes and self._fakes[name].is_up and self._fakes[name].mode == "configured"]
+        if not running:
             return
-        response = self.kube.request("PATCH", f"/api/v1/nodes/{node.hostname}/status",
-                                     {"status": {"nodeInfo": {"kubeletVersion": _tag(image)}}})
+        nodes = {node["metadata"]["name"]: node for node in self._list("/api/v1/nodes")}
+        pods = {pod["metadata"]["name"]: pod for pod in self._list(MIRROR_PODS)}
+        for fake in running:
+            node = nodes.get(fake.hostname)
+            if node is None:  # taken out of the cluster: its kubelet registers it again when it rejoins
+                continue
+            kubelet = _tag(node_images(fake).get("kubelet", ""))
+            if kubelet and ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") != kubelet:
+                self._changed(f"/api/v1/nodes/{fake.hostname}/status", "PATCH",
+                              {"status": {"nodeInfo": {"kubeletVersion": kubelet}}})
+            if fake.hostname not in self._control_planes:
+                continue
+            for component in STATIC_PODS:
+                image, version = fake.static_pods.get(component, (f"registry.k8s.io/{component}:v1.36.2", 0))
+                pod = pods.get(f"{component}-{fake.hostname}")
+                if pod is None:
+                    self._mirror_pod(fake.hostname, node["metadata"]["uid"], component, image, version)
+                elif ((pod["spec"]["containers"][0]["image"],
+                       pod["metadata"].get("annotations", {}).get("talos.dev/config-version")) != (image, str(version))
+                      and not pod["metadata"].get("deletionTimestamp")):
+                    self._changed(f"/api/v1/namespaces/kube-system/pods/{pod['metadata']['name']}", "DELETE",
+                                  {"gracePeriodSeconds": 0}, gone_too=True)
+
+    def _list(self, path: str) -> list[dict]:
+        response = self.kube.request("GET", path, timeout=5)
         if response.status_code != 200:
-            self.errors.append(f"{node.hostname}: kubelet version: HTTP {response.status_code}: {response.text[:300]}")
+            raise RuntimeError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
+        return response.json()["items"]
+
+    def _changed(self, path: str, method: str, body: dict, *, gone_too: bool = False) -> None:
+        response = self.kube.request(method, path, body, timeout=5)
+        if response.status_code != 200 and not (gone_too and response.status_code == 404):
+            raise RuntimeError(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}")
 
     def _workload(self, node: str) -> None:
         """A user's workload on `node`: Deployment `app-<node>`, one pod pinned there (back once the node
@@ -656,9 +679,8 @@ class KubernetesWiring:
             fake = cluster.nodes[name]
             fake.kubeconfig_yaml = self.admin_kubeconfig()
             fake.manifests = talos_manifests
-        for fake in cluster.nodes.values():
-            fake.on_static_pod = self.static_pod_updated
-            fake.on_kubelet = self.kubelet_restarted
+        self._fakes, self._control_planes = cluster.nodes, set(cluster.control_planes)
+        threading.Thread(target=self._play_kubelets, daemon=True, name="played-kubelets").start()
         first = cluster.nodes[cluster.control_planes[0]]
 
         def bootstrap(node: FakeTalosNode, request, context):

@@ -148,11 +148,8 @@ ROLL_FAULTS = [
 KUBERNETES_FAULTS = [
     Fault("kubernetes", "talos", f"{CP2} answers its first configuration change of the roll UNAVAILABLE",
           arm=talos_error(CP2, "ApplyConfiguration")),
+    Fault("kubernetes", "kill", "as the Kubernetes upgrade begins", kill_when=step_starts("kubernetes-upgrade", "update")),
 ]
-# Not in CI's slice: after this kill the played kubelets sometimes lose a static pod's mirror pod (a stand-in
-# defect, not yet mended), and the next up waits 300 s for it; FAULT_TABLE=full runs it.
-KUBERNETES_KILL = Fault("kubernetes", "kill", "as the Kubernetes upgrade begins",
-                        kill_when=step_starts("kubernetes-upgrade", "update"))
 # PVE's start of a stopped VM fails its task: the roll stops with the node drained and powered off, its new
 # hardware still pending. The next up must bring it back, with a plain up and after a refresh (which reads the
 # VM as `started: false`, so that the Proxmox plugin starts it before the node's roll runs).
@@ -409,12 +406,8 @@ def table(tmp_path_factory) -> Table:
         done.clean("hardware")
         done.clean("add")
         done.clean("remove")
-        # The Kubernetes rows come first: after the roll rows' reboots under faults, the played kubelets lose
-        # track of static pods (a mirror pod missing or back at its first config version), and a Kubernetes
-        # upgrade then waits for a static pod that never comes (a stand-in defect, not yet mended).
-        faults = KUBERNETES_FAULTS + ROLL_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
+        faults = ROLL_FAULTS + KUBERNETES_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
         if os.environ.get("FAULT_TABLE") == "full":
-            faults += [KUBERNETES_KILL]
             faults += [fault for operation in ("roll", "kubernetes", "hardware", "add", "remove")
                        for fault in every_fault(operation, done.recorded[operation])]
         for fault in faults:
