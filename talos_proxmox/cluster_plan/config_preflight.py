@@ -48,28 +48,14 @@ def _name_problems(documents: list[dict]) -> list[str]:
     return problems
 
 
-# Where each Kubernetes component's image is: in the v1alpha1 document, and in Talos 1.14's documents by kind.
-V1ALPHA1_IMAGES = {("machine", "kubelet"): "kubelet", ("cluster", "apiServer"): "kube-apiserver",
-                   ("cluster", "controllerManager"): "kube-controller-manager",
-                   ("cluster", "scheduler"): "kube-scheduler", ("cluster", "proxy"): "kube-proxy"}
-DOCUMENT_IMAGES = {"KubeletConfig": "kubelet", "KubeAPIServerConfig": "kube-apiserver",
-                   "KubeControllerManagerConfig": "kube-controller-manager", "KubeSchedulerConfig": "kube-scheduler",
-                   "KubeProxyConfig": "kube-proxy"}
 KUBELET_FLAVOURS = ("-fat", "-slim")  # Sidero Labs' kubelet image comes in both (the plain tag is one of them)
 
 
 def pinned_image_problems(documents: list[dict], kubernetes_version: str) -> list[str]:
     """A component image a patch pins at another Kubernetes version: it would not move with
     cluster.kubernetesVersion (an upgrade would leave that component behind, outside the skew policy)."""
-    images = []
-    for document in documents:
-        if machine_config.document_id(document) == ("", "v1alpha1", ""):
-            images += [(f"{section}.{key}.image", component, ((document.get(section) or {}).get(key) or {}).get("image"))
-                       for (section, key), component in V1ALPHA1_IMAGES.items()]
-        elif document.get("kind") in DOCUMENT_IMAGES:
-            images.append((f"{document['kind']} image", DOCUMENT_IMAGES[document["kind"]], document.get("image")))
     problems = []
-    for where, component, image in images:
+    for component, where, image in machine_config.component_settings(documents, "image"):
         name = str(image or "").split("@", 1)[0]
         tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
         version = tag.lstrip("v")

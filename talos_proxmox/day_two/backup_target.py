@@ -71,7 +71,18 @@ def _client(target: BackupTarget):
 # S3's answers that mean the credentials are not accepted, and those that mean the bucket is not there.
 REFUSED_CODES = {"403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken",
             "ExpiredToken"}
-MISSING_CODES = {"404", "NoSuchBucket", "NotFound"}
+MISSING_CODES = {"404", "NoSuchBucket", "NoSuchKey", "NotFound"}
+
+
+def s3_answer(error: Any) -> tuple[str, str]:
+    """(kind, code) of S3's answer in a botocore ClientError: kind "missing", "refused" or "other"."""
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    return ("missing" if code in MISSING_CODES else "refused" if code in REFUSED_CODES else "other"), code
+
+
+def credentials_refused(target: BackupTarget, code: str) -> str:
+    return (f"the credentials are refused by {target.where} ({code}; check backups.accessKeyId and "
+            "backups.secretAccessKey)")
 
 
 def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], Any] = _client) -> list[str]:
@@ -81,13 +92,12 @@ def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], An
     try:
         client_of(target).head_bucket(Bucket=target.bucket)
     except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in MISSING_CODES:
+        kind, code = s3_answer(exc)
+        if kind == "missing":
             return [f"talos-proxmox:backups.bucket: {target.bucket!r} does not exist at "
                     f"{target.endpoint or 'AWS S3'} (expected a bucket made beforehand)"]
-        if code in REFUSED_CODES:
-            return [f"talos-proxmox:backups.accessKeyId: the credentials are refused by {target.where} ({code}; "
-                    "check backups.accessKeyId and backups.secretAccessKey)"]
+        if kind == "refused":
+            return [f"talos-proxmox:backups.accessKeyId: {credentials_refused(target, code)}"]
         return [f"talos-proxmox:backups.bucket: {target.where} answered {code or 'an error'}"]
     except BotoCoreError as exc:
         return [f"talos-proxmox:backups.endpoint: {target.endpoint or 'AWS S3'} cannot be reached "
@@ -96,8 +106,8 @@ def target_problems(target: BackupTarget, client_of: Callable[[BackupTarget], An
         try:
             lifecycle_rules(target, client_of)
         except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in REFUSED_CODES:
+            kind, code = s3_answer(exc)
+            if kind == "refused":
                 return [f"talos-proxmox:backups.retentionDays: the credentials may not read the lifecycle rules of "
                         f"{target.where} ({code}; retention needs s3:GetLifecycleConfiguration and "
                         "s3:PutLifecycleConfiguration on the bucket)"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from talos_proxmox.talos_config.machine_config import document_id
+from talos_proxmox.talos_config.machine_config import component_settings
 
 
 @dataclass(frozen=True)
@@ -59,28 +59,9 @@ REMOVED: dict[tuple[int, int], Removals] = {
         apis=("workloads.v1alpha2.scheduling.k8s.io", "podgroups.v1alpha2.scheduling.k8s.io")),
 }
 
-# Where each component's extraArgs are: in the v1alpha1 document, and in Talos 1.14's documents by kind.
-V1ALPHA1_ARGS = {"kube-apiserver": ("cluster", "apiServer"), "kube-controller-manager": ("cluster", "controllerManager"),
-                 "kube-scheduler": ("cluster", "scheduler"), "kubelet": ("machine", "kubelet")}
-DOCUMENT_ARGS = {"KubeAPIServerConfig": "kube-apiserver", "KubeControllerManagerConfig": "kube-controller-manager",
-                 "KubeSchedulerConfig": "kube-scheduler", "KubeletConfig": "kubelet"}
-
-
 def minor(version: str) -> tuple[int, int]:
     major, minor_, *_ = version.lstrip("v").split(".")
     return int(major), int(minor_)
-
-
-def _component_args(documents: Iterable[Mapping[str, Any]]) -> Iterable[tuple[str, str, Mapping[str, Any]]]:
-    """(component, where, extraArgs) for every component's extraArgs in the config's documents."""
-    for document in documents:
-        if document_id(document) == ("", "v1alpha1", ""):
-            for component, (section, key) in V1ALPHA1_ARGS.items():
-                args = ((document.get(section) or {}).get(key) or {}).get("extraArgs")
-                if args:
-                    yield component, f"{section}.{key}.extraArgs", args
-        elif document.get("kind") in DOCUMENT_ARGS and document.get("extraArgs"):
-            yield DOCUMENT_ARGS[document["kind"]], f"{document['kind']} extraArgs", document["extraArgs"]
 
 
 def _values(value: Any) -> list[str]:
@@ -91,7 +72,7 @@ def config_problems(documents: Sequence[Mapping[str, Any]], kubernetes_version: 
     """Flags and feature gates in the config's extraArgs that Kubernetes removed at or before its version."""
     target = minor(kubernetes_version)
     problems = []
-    for component, where, args in _component_args(documents):
+    for component, where, args in component_settings(documents, "extraArgs"):
         gates = {gate.split("=", 1)[0].strip(): None for value in _values(args.get("feature-gates", []))
                  for gate in value.split(",") if gate.strip()}
         for removed_in, removals in sorted(REMOVED.items()):

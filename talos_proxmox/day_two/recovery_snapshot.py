@@ -97,12 +97,11 @@ def fetch_object(source: str, target: BackupTarget,
     try:
         return client_of(target).get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in backup_target.MISSING_CODES | {"NoSuchKey"}:
+        kind, code = backup_target.s3_answer(exc)
+        if kind == "missing":
             raise RecoverySnapshotError(f"is not in {target.where} (no object {key!r})") from None
-        if code in backup_target.REFUSED_CODES:
-            raise RecoverySnapshotError(f"cannot be read: the credentials are refused by {target.where} ({code}; "
-                                        "check backups.accessKeyId and backups.secretAccessKey)") from None
+        if kind == "refused":
+            raise RecoverySnapshotError(f"cannot be read: {backup_target.credentials_refused(target, code)}") from None
         raise RecoverySnapshotError(f"cannot be read from {target.where} ({code or 'an error'})") from None
     except BotoCoreError as exc:
         raise RecoverySnapshotError(f"cannot be read: {target.endpoint or 'AWS S3'} cannot be reached "

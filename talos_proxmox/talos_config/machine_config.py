@@ -42,7 +42,7 @@ import copy
 import difflib
 import functools
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlparse
 
 import jsonpatch
@@ -339,6 +339,30 @@ def document_id(document: Mapping) -> tuple[str, str, str]:
     if "apiVersion" not in document and "kind" not in document:
         return ("", "v1alpha1", "")
     return (str(document.get("apiVersion", "")), str(document.get("kind", "")), str(document.get("name", "") or ""))
+
+
+# Where each Kubernetes component's settings are: a section of the v1alpha1 document, and (Talos 1.14's
+# contract) a document of its own kind.
+COMPONENT_PLACES = {"kube-apiserver": (("cluster", "apiServer"), "KubeAPIServerConfig"),
+                    "kube-controller-manager": (("cluster", "controllerManager"), "KubeControllerManagerConfig"),
+                    "kube-scheduler": (("cluster", "scheduler"), "KubeSchedulerConfig"),
+                    "kube-proxy": (("cluster", "proxy"), "KubeProxyConfig"),
+                    "kubelet": (("machine", "kubelet"), "KubeletConfig")}
+
+
+def component_settings(documents: Iterable[Mapping], key: str) -> Iterator[tuple[str, str, Any]]:
+    """(component, where, value) for each Kubernetes component whose `key` (image, extraArgs) the
+    documents set; `where` names the place as a user would find it in a patch."""
+    for document in documents:
+        for component, ((section, field), kind) in COMPONENT_PLACES.items():
+            if document_id(document) == ("", "v1alpha1", ""):
+                value, where = ((document.get(section) or {}).get(field) or {}).get(key), f"{section}.{field}.{key}"
+            elif document.get("kind") == kind:
+                value, where = document.get(key), f"{kind} {key}"
+            else:
+                continue
+            if value:
+                yield component, where, value
 
 
 def _describe(doc_id: tuple[str, str, str]) -> str:
