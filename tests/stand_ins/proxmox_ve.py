@@ -109,6 +109,7 @@ class ProxmoxStandIn(PveAccessObjects, FakePve):
         self._never_started: set[int] = set()  # VMs made through the API, to boot from the ISO first
         self.privilege_reads: list[str] = []  # the paths of `GET /access/permissions?path=`, in order
         self._init_access_objects()  # roles, users, tokens and ACL entries (proxmox_access.py)
+        self.holds: dict[tuple[str, str], list] = {}  # (method, path suffix) -> [seconds, times left]
 
     def provider_config(self) -> dict[str, str]:
         """The stack config the Proxmox provider (and day two) read to reach this host."""
@@ -171,6 +172,22 @@ class ProxmoxStandIn(PveAccessObjects, FakePve):
             guest.go_down()
             self._power_event(vm, "off")
         return upid
+
+    def hold(self, method: str, suffix: str, seconds: float, times: int = 1) -> None:
+        """Answer the next `times` requests whose path ends with `suffix` `seconds` late, as PVE does when a
+        call waits on a lock another task holds or on slow storage; the call is then done as usual, whether or
+        not the client still waits for it (aiohttp does not cancel a handler whose client went away)."""
+        self.holds[(method, suffix.rstrip("/"))] = [seconds, times]
+
+    async def _answer(self, request, handler, generic, path_node):
+        for key, hold in list(self.holds.items()):
+            if request.method == key[0] and request.path.rstrip("/").endswith(key[1]):
+                hold[1] -= 1
+                if hold[1] <= 0:
+                    del self.holds[key]
+                await asyncio.sleep(hold[0])
+                break
+        return await super()._answer(request, handler, generic, path_node)
 
     def _record(self, request, body):
         # The program's privilege check reads the token's privileges in every preview: kept apart, so

@@ -3,6 +3,7 @@ does not (tests/stand_ins/proxmox_ve.py's docstring lists each). Each case sends
 
 import http.server
 import threading
+import time
 
 import pytest
 import requests
@@ -121,3 +122,17 @@ def test_a_second_download_of_a_file_fails_its_task_refusing_to_override_it(pve,
 def test_a_drive_sent_with_a_file_key_is_stored_as_pve_prints_it(pve):
     data(call(pve, "PUT", vm_path("/config"), ide2="file=local:iso/talos.iso,media=cdrom,", name="cp-1"))
     assert data(call(pve, "GET", vm_path("/config")))["ide2"] == "local:iso/talos.iso,media=cdrom"
+
+
+def test_a_held_call_is_done_after_its_client_gave_up_and_other_calls_answer_meanwhile(pve):
+    call(pve, "POST", vm_path("/status/stop"))
+    pve.hold("POST", vm_path("/status/start"), seconds=1.0)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"{pve.url}/api2/json/{vm_path('/status/start')}", verify=pve.cafile, timeout=0.3,
+                      headers={"Authorization": f"PVEAPIToken={TOKEN_ID}={TOKEN_SECRET}"})
+    assert data(call(pve, "GET", vm_path("/status/current")))["status"] == "stopped"  # other calls answer
+    deadline = time.monotonic() + 5
+    while data(call(pve, "GET", vm_path("/status/current")))["status"] != "running":
+        assert time.monotonic() < deadline, "the held start was never done"
+        time.sleep(0.05)
+    assert pve.holds == {}  # used up: the next start is answered at once
