@@ -210,10 +210,11 @@ class PulumiProject:
         return self.cli("up", "--yes", "--skip-preview", "--json", "--stack", self.stack, *extra, check=check)
 
     def up_until(self, when: Callable[[dict], bool], act: Callable[[subprocess.Popen], None], *extra: str,
-                 timeout: float = 600) -> CliRun:
-        """`pulumi up`, and `act(process)` once, as soon as it prints an engine event `when` accepts; the run as
-        far as it got. It runs in a session of its own (as a terminal's job does), killed at `timeout`."""
-        command = [str(TOOLS / "pulumi"), "up", "--yes", "--skip-preview", "--json", "--stack", self.stack,
+                 timeout: float = 600, verb: str = "up") -> CliRun:
+        """`pulumi up` (or `verb`: destroy), and `act(process)` once, as soon as it prints an engine event `when`
+        accepts; the run as far as it got. It runs in a session of its own (as a terminal's job does), killed at
+        `timeout`."""
+        command = [str(TOOLS / "pulumi"), verb, "--yes", "--skip-preview", "--json", "--stack", self.stack,
                    *extra, "--non-interactive", "--cwd", str(self.project)]
         process = subprocess.Popen(command, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True, start_new_session=True)
@@ -238,16 +239,17 @@ class PulumiProject:
             timer.cancel()
             process.wait()
             reader.join(10)
-        run = CliRun(("up", "--json"), process.returncode, "".join(lines), "".join(stderr), events)
+        run = CliRun((verb, "--json"), process.returncode, "".join(lines), "".join(stderr), events)
         self.runs.append(run)
-        assert acted, f"pulumi up ended ({process.returncode}) before the event to act at:\n{run.output[-3000:]}"
+        assert acted, f"pulumi {verb} ended ({process.returncode}) before the event to act at:\n{run.output[-3000:]}"
         return run
 
-    def up_killed(self, when: Callable[[dict], bool], *extra: str, timeout: float = 600) -> CliRun:
-        """`pulumi up` killed with SIGKILL, its whole process group (as a closed laptop lid or a cancelled CI
+    def up_killed(self, when: Callable[[dict], bool], *extra: str, timeout: float = 600, verb: str = "up") -> CliRun:
+        """`pulumi up` (or `verb`) killed with SIGKILL, its whole process group (as a closed laptop lid or a cancelled CI
         job kills it), as soon as it prints an engine event `when` accepts; the run as far as it got
         (returncode -9). Plugins the CLI started in process groups of their own live on, as they do then."""
-        return self.up_until(when, lambda process: os.killpg(process.pid, signal.SIGKILL), *extra, timeout=timeout)
+        return self.up_until(when, lambda process: os.killpg(process.pid, signal.SIGKILL), *extra, timeout=timeout,
+                             verb=verb)
 
     def preview(self, *extra: str, check: bool = True) -> CliRun:
         return self.cli("preview", "--json", "--stack", self.stack, *extra, check=check)

@@ -4,7 +4,8 @@ The table runs in one engine cluster (real CLI, real Proxmox and Kubernetes plug
 three control planes and a worker). Each row is an operation and a fault injected into it:
   kill         the CLI killed with SIGKILL (its process group) when the engine starts a step; then
                `pulumi cancel` (the lock the killed run left: the CLI asks for exactly that), then `up`;
-  pve          PVE answers one call with one of its real errors (fakepve's catalogue), or a task that fails;
+  pve          PVE answers one call with one of its real errors (fakepve's catalogue), a task that fails, or
+               an answer later than the caller waits (the call done all the same);
   talos        a node answers one call with an error, holds it longer than the caller waits, or loses power
                as it arrives (back a few seconds later, nothing of the call done);
   kubernetes   the API server stops answering for a while (SIGSTOP) during a drain.
@@ -18,10 +19,14 @@ resources).
 Operations: the first deploy; a Talos roll, which toggles between v1.13.7 and v1.13.8 (allowDowngrade on,
 so that each row starts where the last ended); a Kubernetes roll, one patch release up each time (Kubernetes
 never goes down; the fingerprint reads each config with the Kubernetes version masked); a hardware roll, which
-toggles every node between 2 and 3 cores; a worker added and removed. CI runs the rows below, a slice;
-`FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation
-made (see the README's "Faults"), which takes hours.
-Last, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does nothing.
+toggles every node between 2 and 3 cores; a worker added and removed; the worker moved to a new VM (its
+vmId toggles between two); last, the teardown (`pulumi destroy` with deletionProtection off, and the next
+`pulumi destroy` must leave no VM, no running node and an empty state; a teardown lets nodes go down by design,
+so its rows are held to every invariant but the control-plane and etcd ones). CI runs the rows below, a slice;
+`FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation but
+the teardown made (see the README's "Faults"), which takes hours.
+Before the teardown, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does
+nothing.
 """
 
 from __future__ import annotations
@@ -49,10 +54,13 @@ CONTROL_PLANES = (CP1, CP2, CP3)
 VERSIONS = ("v1.13.7", "v1.13.8")
 ADDED_VM = 9100 + 106  # e2e_config: VM ids follow the address
 CP2_VM = 9100 + 103
+CP3_VM = 9100 + 104
+MOVED_WORKER_VM = 9200 + 105  # the worker's VM id once moved (e2e_config gives it 9100 + 105)
 MORE_CORES = {"cpu": 3}  # the dev stack's nodes have 2
 KUBERNETES = "1.36.2"  # the dev stack's
 API_PAUSE_SECONDS = 15
 NO_ANSWER_SECONDS = 35  # rolling.CALL_TIMEOUT is 30
+PVE_HOLD_SECONDS = 35  # the day-two PVE client's is 30 (proxmox_api.access)
 GONE_SECONDS = 10
 VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs as (pulumi-proxmoxve 8)
 
@@ -60,7 +68,7 @@ VM_TYPE = "proxmoxve:index/vmLegacy:VmLegacy"  # what the program makes its VMs 
 @dataclass
 class Fault:
     """One row: the operation it hits, the kind of fault, where, and how it is made."""
-    operation: str  # "first deploy", "roll", "kubernetes", "hardware", "add", "remove"
+    operation: str  # "first deploy", "roll", "kubernetes", "hardware", "add", "remove", "move", "teardown"
     kind: str  # kill, pve, talos, kubernetes
     where: str
     arm: Callable[[EngineCluster], None] = lambda _cluster: None  # before the up
@@ -162,6 +170,9 @@ HARDWARE_FAULTS = [
     Fault("hardware", "pve", f"{START_FAILS}; then `up --refresh`", next_up=("--refresh",),
           arm=lambda cluster: cluster.pve.fail("POST", f"/nodes/pve/qemu/{CP2_VM}/status/start",
                                                error="qemu_exited_code", times=1)),
+    # PVE starts the VM after all, once the roll has given up on it: the next up finds it running
+    Fault("hardware", "pve", f"PVE answers {CP3}'s VM start {PVE_HOLD_SECONDS}s late (longer than a call may take)",
+          arm=lambda cluster: cluster.pve.hold("POST", f"/nodes/pve/qemu/{CP3_VM}/status/start", PVE_HOLD_SECONDS)),
 ]
 MEMBERSHIP_FAULTS = [
     Fault("add", "pve", "the VM's create answers 500 (no quorum)",
@@ -171,6 +182,15 @@ MEMBERSHIP_FAULTS = [
           arm=lambda cluster: cluster.pve.fail("DELETE", f"/nodes/pve/qemu/{ADDED_VM}/", error="locked", times=1)),
     Fault("remove", "kill", f"as {ADDED}'s removal begins", kill_when=step_starts(f"lifecycle-{ADDED}", "delete")),
 ]
+MOVE_FAULTS = [
+    # the old VM is destroyed by then (delete before replace): the node is in no VM until the next up
+    Fault("move", "kill", f"as {WORKER}'s new VM is made", kill_when=step_starts(WORKER, "create-replacement")),
+    Fault("move", "pve", f"{WORKER}'s new VM's create answers 500 (no quorum)",
+          arm=lambda cluster: cluster.pve.fail("POST", "/nodes/pve/qemu", error="no_quorum", times=1)),
+]
+TEARDOWN_FAULT = Fault("teardown", "kill", f"as {CP2}'s removal begins",
+                       kill_when=step_starts(f"lifecycle-{CP2}", "delete"))
+TORN_DOWN = {"vms": [], "talos": {}, "state": []}  # what a teardown leaves, of fingerprint()
 
 
 class Table:
@@ -179,9 +199,11 @@ class Table:
     def __init__(self, cluster: EngineCluster, project: PulumiProject, tmp):
         self.cluster, self.project, self.tmp = cluster, project, tmp
         self.version, self.nodes, self.hardware, self.kubernetes = VERSIONS[0], NODES, None, KUBERNETES
+        self.moved, self.protected = False, True
+        self.lock_refused: Optional[tuple[CliRun, list[CliRun]]] = None  # (the up, the second up while it ran)
         self.bootstraps_seen = 0
         self.rows: list[Row] = []
-        self.references: dict[tuple, dict] = {}  # (version, node names) -> fingerprint after a clean run
+        self.references: dict[tuple, dict] = {}  # key() -> fingerprint after a clean run
         # operation -> (PVE requests, Talos calls by node, steps begun) of its first clean run
         self.recorded: dict[str, tuple] = {}
         self._runs = 0
@@ -190,6 +212,9 @@ class Table:
         config = engine_stack(self.cluster, self.nodes, self.version, self.tmp / "secrets.yaml",
                               hardware=self.hardware, kubernetes_version=self.kubernetes)
         config["cluster"]["allowDowngrade"] = True
+        config["cluster"]["deletionProtection"] = self.protected
+        if self.moved:
+            next(node for node in config["nodes"] if node["name"] == WORKER)["vmId"] = MOVED_WORKER_VM
         return config
 
     def target(self, operation: str) -> None:
@@ -205,10 +230,14 @@ class Table:
             self.nodes = WITH_ADDED
         elif operation == "remove":
             self.nodes = NODES
+        elif operation == "move":
+            self.moved = not self.moved
+        elif operation == "unprotect":
+            self.protected = False
         self.project.set_config(self.config())
 
     def key(self) -> tuple:
-        return self.version, bool(self.hardware), tuple(name for name, _, _ in self.nodes)
+        return self.version, bool(self.hardware), self.moved, tuple(name for name, _, _ in self.nodes)
 
     def clean(self, operation: str) -> EngineUp:
         self.target(operation)
@@ -232,7 +261,8 @@ class Table:
             self.clean("add")
 
     def faulted(self, fault: Fault) -> Row:
-        if fault.operation != "first deploy":
+        teardown = fault.operation == "teardown"
+        if fault.operation not in ("first deploy", "teardown"):
             self.target(fault.operation)
         fault.arm(self.cluster)
         harness_errors = len(self.cluster.kubernetes.errors)
@@ -240,7 +270,7 @@ class Table:
         left_running: list[int] = []
         restored = False
         if fault.kill_when is not None:
-            run = self.project.up_killed(fault.kill_when)
+            run = self.project.up_killed(fault.kill_when, verb="destroy" if teardown else "up")
             cancelled = self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
             if cancelled.returncode != 0 and "failed to load checkpoint" in cancelled.output:
                 # killed while writing the state file: the file backend's own backup of it is the way back
@@ -249,21 +279,23 @@ class Table:
                 restored = True
             left_running = provider_hosts_left(self.project)
         else:
-            run = self.project.up(check=False)
+            run = self.project.destroy(check=False) if teardown else self.project.up(check=False)
         fault.disarm(self.cluster)
-        problems = invariants(self.cluster, self.project, run, started, self.key()[-1])
+        problems = invariants(self.cluster, self.project, run, started, teardown=teardown)
         problems += [f"the killed run's provider host {pid} still runs {HOST_GRACE_SECONDS}s later"
                      for pid in left_running]
         converging_started = time.monotonic()
-        converging = self.project.up(*fault.next_up, check=False)
-        problems += [f"in the next up: {problem}" for problem in
-                     invariants(self.cluster, self.project, converging, converging_started, self.key()[-1])]
+        converging = (self.project.destroy(check=False) if teardown
+                      else self.project.up(*fault.next_up, check=False))
+        problems += [f"in the next {converging.args[0]}: {problem}" for problem in
+                     invariants(self.cluster, self.project, converging, converging_started, teardown=teardown)]
         if converging.returncode != 0:
-            problems.append(f"the next up failed: {''.join(converging.diagnostics('error'))[-1500:]}")
+            problems.append(f"the next {converging.args[0]} failed: "
+                            f"{''.join(converging.diagnostics('error'))[-1500:]}")
         # what the played kubelets and controllers could not do: the harness's, printed with the row
         row_harness_errors = self.cluster.kubernetes.errors[harness_errors:]
         found = fingerprint(self.cluster, self.project, self.kubernetes)
-        reference = self.references.get(self.key())
+        reference = TORN_DOWN if teardown else self.references.get(self.key())
         difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
                                                     if reference[k] != found[k]}
         row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference, restored,
@@ -311,7 +343,7 @@ def fingerprint(cluster: EngineCluster, project: PulumiProject, kubernetes: str)
                   for name, fake in cluster.nodes.items() if name in {vm.name for vm in cluster.pve.vms}},
         "etcd": {name: sorted(m.hostname for m in cluster.nodes[name].etcd_members) for name in CONTROL_PLANES},
         "kubernetes": sorted((n["metadata"]["name"], bool(n["spec"].get("unschedulable"))) for n in nodes),
-        "state": sorted(r["urn"].split("::", 2)[2] for r in project.export()["deployment"]["resources"]),
+        "state": sorted(r["urn"].split("::", 2)[2] for r in project.export()["deployment"].get("resources") or ()),
     }
 
 
@@ -336,21 +368,25 @@ def first_deploy_done(cluster: EngineCluster, since: float) -> bool:
     return any(call.at < since for fake in cluster.nodes.values() for call in fake.calls_for("Bootstrap"))
 
 
-def invariants(cluster: EngineCluster, project: PulumiProject, run: CliRun, since: float, names) -> list[str]:
+def invariants(cluster: EngineCluster, project: PulumiProject, run: CliRun, since: float, *,
+               teardown: bool = False) -> list[str]:
+    """What a faulted run must leave true. A teardown takes the control planes out of etcd and down, one at a
+    time, by design: it is held to the rest."""
     problems = []
     # a first deploy installs every node at once, by design: the cluster does not run yet
-    down = most_down_at_once(cluster.nodes, CONTROL_PLANES, since) if first_deploy_done(cluster, since) else 0
+    down = (most_down_at_once(cluster.nodes, CONTROL_PLANES, since)
+            if first_deploy_done(cluster, since) and not teardown else 0)
     if down > 1:
         problems.append(f"{down} control planes down at once")
     bootstraps = sum(len(fake.calls_for("Bootstrap")) for fake in cluster.nodes.values())
     if bootstraps > 1:
         problems.append(f"{bootstraps} Bootstrap calls")
-    for name in CONTROL_PLANES:
+    for name in () if teardown else CONTROL_PLANES:
         members = sorted(m.hostname for m in cluster.nodes[name].etcd_members)
         if cluster.nodes[name].mode == "configured" and members != sorted(CONTROL_PLANES):
             problems.append(f"{name} sees etcd members {members}")
     state = project.export()
-    in_state = {r["outputs"].get("name") for r in state["deployment"]["resources"]
+    in_state = {r["outputs"].get("name") for r in state["deployment"].get("resources") or ()
                 if r["type"] == VM_TYPE}
     in_state |= {(op["resource"].get("outputs") or {}).get("name") or (op["resource"].get("inputs") or {}).get("name")
                  for op in state["deployment"].get("pending_operations") or ()}
@@ -406,13 +442,22 @@ def table(tmp_path_factory) -> Table:
         done.clean("hardware")
         done.clean("add")
         done.clean("remove")
-        faults = ROLL_FAULTS + KUBERNETES_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS
+        done.clean("move")
+        done.clean("move")
+        faults = ROLL_FAULTS + KUBERNETES_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS + MOVE_FAULTS
         if os.environ.get("FAULT_TABLE") == "full":
-            faults += [fault for operation in ("roll", "kubernetes", "hardware", "add", "remove")
+            faults += [fault for operation in ("roll", "kubernetes", "hardware", "add", "remove", "move")
                        for fault in every_fault(operation, done.recorded[operation])]
         for fault in faults:
             done.ensure_before(fault.operation)
             done.faulted(fault)
+        done.target("roll")  # a roll, and a second up of the stack while it runs
+        second: list[CliRun] = []
+        first_up = project.up_until(step_starts(f"lifecycle-{CP1}", "update"),
+                                    lambda _process: second.append(project.up(check=False)))
+        done.lock_refused = (first_up, second)
+        done.clean("unprotect")
+        done.faulted(TEARDOWN_FAULT)
         tried = len(done.rows)
         converged = sum(row.converged for row in done.rows)
         held = sum(not row.problems for row in done.rows)
@@ -442,7 +487,7 @@ def test_after_every_fault_the_next_up_reached_what_a_clean_run_reaches(table):
 
 def test_the_table_covers_every_operation_and_kind_of_fault(table):
     assert {row.fault.operation for row in table.rows} == {"first deploy", "roll", "kubernetes", "hardware", "add",
-                                                           "remove"}
+                                                           "remove", "move", "teardown"}
     assert {row.fault.kind for row in table.rows} == {"kill", "pve", "talos", "kubernetes"}
 
 
@@ -468,7 +513,7 @@ def test_each_fault_did_strike(table):
     for row in table.rows:
         if row.fault.kind == "kill":
             assert row.faulted.returncode == -9, row.fault.where
-    assert not table.cluster.pve.failures  # each PVE failure was used up
+    assert not table.cluster.pve.failures and not table.cluster.pve.holds  # each PVE failure was used up
     assert not any(fake._failures.get("LifecycleService/Upgrade") for fake in table.cluster.nodes.values())
     # each held or lost call happened (each such behaviour takes itself out when it strikes)
     assert "LifecycleService/Upgrade" not in table.cluster.nodes[CP3].behaviours
@@ -476,11 +521,7 @@ def test_each_fault_did_strike(table):
 
 
 def test_a_second_up_of_the_stack_while_one_runs_is_refused_by_the_backends_lock(table):
-    """Last in this module: it moves the table's cluster on."""
-    table.target("roll")
-    second: list[CliRun] = []
-    first = table.project.up_until(step_starts(f"lifecycle-{CP1}", "update"),
-                                   lambda _process: second.append(table.project.up(check=False)))
+    first, second = table.lock_refused
     assert first.returncode == 0, "".join(first.diagnostics("error"))[-1500:]
     [refused] = second
     assert refused.returncode != 0 and "the stack is currently locked" in refused.output, refused.output[-1500:]
