@@ -10,6 +10,7 @@ its plan (one JSON document), which is what the tests read.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -143,6 +144,12 @@ class PulumiProject:
         (workdir / "state").mkdir()
         (workdir / "home").mkdir()
         self.runs: list[CliRun] = []
+
+    def another_stack(self, name: str) -> "PulumiProject":
+        """Stack `name` of the same program, on the same backend and Pulumi home (not yet initialised)."""
+        other = copy.copy(self)
+        other.stack, other.runs = name, []
+        return other
 
     @property
     def stack_file(self) -> Path:

@@ -26,13 +26,15 @@ so its rows are held to every invariant but the control-plane and etcd ones). CI
 `FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation but
 the teardown made (see the README's "Faults"), which takes hours.
 Before the teardown, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does
-nothing.
+nothing; and a roll asked of the stack and of a copy of it (config and state) at once: the cluster's operations
+lock, across processes, keeps it to one node down at a time, and both finish.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -201,6 +203,7 @@ class Table:
         self.version, self.nodes, self.hardware, self.kubernetes = VERSIONS[0], NODES, None, KUBERNETES
         self.moved, self.protected = False, True
         self.lock_refused: Optional[tuple[CliRun, list[CliRun]]] = None  # (the up, the second up while it ran)
+        self.two_stacks: Optional[tuple[CliRun, CliRun, int]] = None  # see rolled_from_two_stacks
         self.bootstraps_seen = 0
         self.rows: list[Row] = []
         self.references: dict[tuple, dict] = {}  # key() -> fingerprint after a clean run
@@ -259,6 +262,29 @@ class Table:
             self.clean("remove")
         elif operation == "remove" and ADDED not in names:
             self.clean("add")
+
+    def rolled_from_two_stacks(self) -> tuple[CliRun, CliRun, int]:
+        """The stack copied into a second stack of the project, its config and state (as a user who runs one
+        cluster from two places does), then one roll asked of both at once: both ups, and the most nodes down
+        at one moment meanwhile. The copy is taken out after (`stack rm`, which leaves the cluster alone)."""
+        other = self.project.another_stack(f"{self.project.stack}-copy")
+        other.cli("stack", "init", other.stack, "--secrets-provider", "passphrase",
+                  "--copy-config-from", self.project.stack)
+        other.cli("stack", "import", "--stack", other.stack,
+                  stdin=self.project.cli("stack", "export", "--stack", self.project.stack).stdout)
+        self.target("roll")
+        other.set_config(self.config())
+        started = time.monotonic()
+        runs: dict[str, CliRun] = {}
+        ups = [threading.Thread(target=lambda stack=stack: runs.__setitem__(stack.stack, stack.up(check=False)))
+               for stack in (self.project, other)]
+        for up in ups:
+            up.start()
+        for up in ups:
+            up.join()
+        down = most_down_at_once(self.cluster.nodes, [name for name, _, _ in self.nodes], started)
+        other.cli("stack", "rm", "--yes", "--force", "--stack", other.stack)
+        return runs[self.project.stack], runs[other.stack], down
 
     def faulted(self, fault: Fault) -> Row:
         teardown = fault.operation == "teardown"
@@ -456,6 +482,7 @@ def table(tmp_path_factory) -> Table:
         first_up = project.up_until(step_starts(f"lifecycle-{CP1}", "update"),
                                     lambda _process: second.append(project.up(check=False)))
         done.lock_refused = (first_up, second)
+        done.two_stacks = done.rolled_from_two_stacks()
         done.clean("unprotect")
         done.faulted(TEARDOWN_FAULT)
         tried = len(done.rows)
@@ -526,3 +553,13 @@ def test_a_second_up_of_the_stack_while_one_runs_is_refused_by_the_backends_lock
     [refused] = second
     assert refused.returncode != 0 and "the stack is currently locked" in refused.output, refused.output[-1500:]
     assert refused.started() == []  # it did nothing: no step began
+
+
+def test_two_stacks_rolling_one_cluster_at_once_take_one_node_down_at_a_time(table):
+    """The cluster's operations lock holds across processes: each node step of one stack's up waits for the
+    other's to end (a node the other upgraded meanwhile is found done), and both ups finish."""
+    first, second, most_down = table.two_stacks
+    for run in (first, second):
+        assert run.returncode == 0, "".join(run.diagnostics("error"))[-1500:]
+    assert most_down == 1
+    assert "waiting for pid" in first.output + second.output
