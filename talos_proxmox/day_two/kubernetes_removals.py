@@ -17,7 +17,7 @@ No Pulumi here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from talos_proxmox.talos_config.machine_config import component_settings
 

@@ -77,6 +77,8 @@ class Fault:
     kill_when: Optional[Callable[[dict], bool]] = None  # kill: the engine event to kill the CLI at
     disarm: Callable[[EngineCluster], None] = lambda _cluster: None  # after the faulted up
     next_up: tuple[str, ...] = ()  # options of the up that must finish the job
+    # what the README's "When an up fails" has the user do first, after the kill's `pulumi cancel`; says what it did
+    repair: Callable[[EngineCluster, PulumiProject], str] = lambda _cluster, _project: ""
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Row:
     converged: bool  # the next up reached what a clean run reaches
     difference: dict = field(default_factory=dict)  # fingerprint keys that differ, when not converged
     restored: bool = False  # the kill cut the state file mid-write: restored from the CLI's backup first
+    repaired: str = ""  # what the user did before the next up (Fault.repair)
     next_run: Optional[CliRun] = None  # the up after it
     harness_errors: list[str] = field(default_factory=list)  # what the played kubelets could not do meanwhile
 
@@ -184,9 +187,33 @@ MEMBERSHIP_FAULTS = [
           arm=lambda cluster: cluster.pve.fail("DELETE", f"/nodes/pve/qemu/{ADDED_VM}/", error="locked", times=1)),
     Fault("remove", "kill", f"as {ADDED}'s removal begins", kill_when=step_starts(f"lifecycle-{ADDED}", "delete")),
 ]
+
+
+def import_made_vms(cluster: EngineCluster, project: PulumiProject) -> str:
+    """README, "When an up fails": a VM that PVE made for a create the kill cut short is in no state, and the
+    next up's create of its vmId would be refused, so the user imports it into the pending create
+    (`pulumi refresh --import-pending-creates <urn> <vmid>`). Whether PVE got the create before the kill is a
+    race (the plugin outlives the CLI); either way the next up must finish."""
+    pending = [op["resource"] for op in project.export()["deployment"].get("pending_operations") or ()
+               if op.get("type") == "creating" and op["resource"]["type"] == VM_TYPE]
+    imported = []
+    for resource in pending:
+        vm_id = int(resource["inputs"]["vmId"])
+        deadline = time.monotonic() + HOST_GRACE_SECONDS  # the plugin's create may still be on its way
+        while vm_id not in {vm.vmid for vm in cluster.pve.vms} and time.monotonic() < deadline and any(
+                b"pulumi-resource-proxmoxve" in command for command in project_processes(project)):
+            time.sleep(0.5)
+        if vm_id in {vm.vmid for vm in cluster.pve.vms}:
+            project.cli("refresh", "--yes", "--skip-preview", "--stack", project.stack,
+                        "--import-pending-creates", resource["urn"], str(vm_id))
+            imported.append(str(vm_id))
+    return f"VM {', '.join(imported)} imported into its pending create" if imported else "no VM made: nothing to import"
+
+
 MOVE_FAULTS = [
     # the old VM is destroyed by then (delete before replace): the node is in no VM until the next up
-    Fault("move", "kill", f"as {WORKER}'s new VM is made", kill_when=step_starts(WORKER, "create-replacement")),
+    Fault("move", "kill", f"as {WORKER}'s new VM is made", kill_when=step_starts(WORKER, "create-replacement"),
+          repair=import_made_vms),
     Fault("move", "pve", f"{WORKER}'s new VM's create answers 500 (no quorum)",
           arm=lambda cluster: cluster.pve.fail("POST", "/nodes/pve/qemu", error="no_quorum", times=1)),
 ]
@@ -294,7 +321,7 @@ class Table:
         harness_errors = len(self.cluster.kubernetes.errors)
         started = time.monotonic()
         left_running: list[int] = []
-        restored = False
+        restored, repaired = False, ""
         if fault.kill_when is not None:
             run = self.project.up_killed(fault.kill_when, verb="destroy" if teardown else "up")
             cancelled = self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
@@ -304,6 +331,7 @@ class Table:
                 self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
                 restored = True
             left_running = provider_hosts_left(self.project)
+            repaired = fault.repair(self.cluster, self.project)
         else:
             run = self.project.destroy(check=False) if teardown else self.project.up(check=False)
         fault.disarm(self.cluster)
@@ -325,7 +353,7 @@ class Table:
         difference = {} if reference is None else {k: (reference[k], found[k]) for k in reference
                                                     if reference[k] != found[k]}
         row = Row(fault, run, problems, converging.returncode == 0 and not difference, difference, restored,
-                  converging, row_harness_errors)
+                  repaired, converging, row_harness_errors)
         self.rows.append(row)
         return row
 
@@ -338,19 +366,25 @@ def provider_hosts_left(project: PulumiProject) -> list[int]:
     (no CLI of it runs now, so every such host is a killed run's)."""
     deadline = time.monotonic() + HOST_GRACE_SECONDS
     while True:
-        hosts = []
-        for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
-            try:
-                command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-                here = os.readlink(f"/proc/{pid}/cwd") == str(project.project)
-                zombie = open(f"/proc/{pid}/stat").read().split(") ", 1)[1].startswith("Z")
-            except OSError:
-                continue
-            if here and not zombie and b"pulumi.dynamic" in command:
-                hosts.append(pid)
+        hosts = [pid for pid, command in project_processes(project).items() if b"pulumi.dynamic" in command]
         if not hosts or time.monotonic() > deadline:
             return hosts
         time.sleep(0.5)
+
+
+def project_processes(project: PulumiProject) -> dict[int, list[bytes]]:
+    """pid -> command line of the live processes running in the project's directory (the CLI's plugins)."""
+    found = {}
+    for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            here = os.readlink(f"/proc/{pid}/cwd") == str(project.project)
+            zombie = open(f"/proc/{pid}/stat").read().split(") ", 1)[1].startswith("Z")
+        except OSError:
+            continue
+        if here and not zombie:
+            found[pid] = command
+    return found
 
 
 def masked_hash(config: Optional[bytes], kubernetes: str) -> str:
@@ -493,7 +527,8 @@ def table(tmp_path_factory) -> Table:
             print(f"  {row.fault.operation:12} {row.fault.kind:10} {row.fault.where}: "
                   f"{'converged' if row.converged else 'NOT converged ' + str(sorted(row.difference))}"
                   f"{'' if not row.problems else '; ' + '; '.join(row.problems)}"
-                  f"{' (state file cut mid-write: restored from the backend backup)' if row.restored else ''}")
+                  f"{' (state file cut mid-write: restored from the backend backup)' if row.restored else ''}"
+                  f"{f' ({row.repaired})' if row.repaired else ''}")
             for error in row.harness_errors:
                 print(f"      stand-in: {error}")
             for key, (expected, found) in row.difference.items():
