@@ -24,7 +24,8 @@ vmId toggles between two); last, the teardown (`pulumi destroy` with deletionPro
 `pulumi destroy` must leave no VM, no running node and an empty state; a teardown lets nodes go down by design,
 so its rows are held to every invariant but the control-plane and etcd ones). CI runs the rows below, a slice;
 `FAULT_TABLE=full` adds one row per step boundary, PVE call and Talos call a clean run of each operation but
-the teardown made (see the README's "Faults"), which takes hours.
+the first deploy and the teardown made (see the README's "Faults"), which takes hours; `FAULT_TABLE=add,remove`
+adds those of the operations named.
 Before the teardown, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does
 nothing; and a roll asked of the stack and of a copy of it (config and state) at once: the cluster's operations
 lock, across processes, keeps it to one node down at a time, and both finish.
@@ -465,6 +466,24 @@ def invariants(cluster: EngineCluster, project: PulumiProject, run: CliRun, sinc
     return problems
 
 
+FULL_OPERATIONS = ("roll", "kubernetes", "hardware", "add", "remove", "move")
+
+
+def full_operations(setting: str) -> tuple[str, ...]:
+    """FAULT_TABLE: `full` (every fault of every operation but the first deploy and the teardown) or some
+    operations, comma-separated (`FAULT_TABLE=add,remove`); unset: CI's slice only."""
+    if not setting:
+        return ()
+    if setting == "full":
+        return FULL_OPERATIONS
+    chosen = tuple(operation.strip() for operation in setting.split(","))
+    unknown = [operation for operation in chosen if operation not in FULL_OPERATIONS]
+    if unknown:
+        pytest.fail(f"FAULT_TABLE={setting}: no operation {', '.join(unknown)} (expected `full`, or some of "
+                    f"{', '.join(FULL_OPERATIONS)}, comma-separated)")
+    return chosen
+
+
 def every_fault(operation: str, recorded: tuple) -> list[Fault]:
     """FAULT_TABLE=full: a row per step the clean run of `operation` began (kill as it begins), per PVE call
     it made (a 500, once; the first call of that method and path in the faulted run) and per Talos call a
@@ -505,9 +524,9 @@ def table(tmp_path_factory) -> Table:
         done.clean("move")
         done.clean("move")
         faults = ROLL_FAULTS + KUBERNETES_FAULTS + HARDWARE_FAULTS + MEMBERSHIP_FAULTS + MOVE_FAULTS
-        if os.environ.get("FAULT_TABLE") == "full":
-            faults += [fault for operation in ("roll", "kubernetes", "hardware", "add", "remove", "move")
-                       for fault in every_fault(operation, done.recorded[operation])]
+        faults += [fault for operation in full_operations(os.environ.get("FAULT_TABLE", ""))
+                   for fault in every_fault(operation, done.recorded[operation])]
+        print(f"\nfault table: {len(faults) + 2} rows to run")
         for fault in faults:
             done.ensure_before(fault.operation)
             done.faulted(fault)
