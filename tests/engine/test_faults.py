@@ -78,8 +78,6 @@ class Fault:
     kill_when: Optional[Callable[[dict], bool]] = None  # kill: the engine event to kill the CLI at
     disarm: Callable[[EngineCluster], None] = lambda _cluster: None  # after the faulted up
     next_up: tuple[str, ...] = ()  # options of the up that must finish the job
-    # what the README's "When an up fails" has the user do first, after the kill's `pulumi cancel`; says what it did
-    repair: Callable[[EngineCluster, PulumiProject], str] = lambda _cluster, _project: ""
 
 
 @dataclass
@@ -90,7 +88,7 @@ class Row:
     converged: bool  # the next up reached what a clean run reaches
     difference: dict = field(default_factory=dict)  # fingerprint keys that differ, when not converged
     restored: bool = False  # the kill cut the state file mid-write: restored from the CLI's backup first
-    repaired: str = ""  # what the user did before the next up (Fault.repair)
+    repaired: str = ""  # after a kill: a VM PVE made that was imported into its pending create
     next_run: Optional[CliRun] = None  # the up after it
     harness_errors: list[str] = field(default_factory=list)  # what the played kubelets could not do meanwhile
 
@@ -202,19 +200,21 @@ def import_made_vms(cluster: EngineCluster, project: PulumiProject) -> str:
         vm_id = int(resource["inputs"]["vmId"])
         deadline = time.monotonic() + HOST_GRACE_SECONDS  # the plugin's create may still be on its way
         while vm_id not in {vm.vmid for vm in cluster.pve.vms} and time.monotonic() < deadline and any(
-                b"pulumi-resource-proxmoxve" in command for command in project_processes(project)):
+                b"pulumi-resource-proxmoxve" in arg for command in project_processes(project).values()
+                for arg in command):
             time.sleep(0.5)
         if vm_id in {vm.vmid for vm in cluster.pve.vms}:
             project.cli("refresh", "--yes", "--skip-preview", "--stack", project.stack,
                         "--import-pending-creates", resource["urn"], str(vm_id))
             imported.append(str(vm_id))
-    return f"VM {', '.join(imported)} imported into its pending create" if imported else "no VM made: nothing to import"
+    if not pending:
+        return ""
+    return f"VM {', '.join(imported)} imported into its pending create" if imported else "the VM was not made"
 
 
 MOVE_FAULTS = [
     # the old VM is destroyed by then (delete before replace): the node is in no VM until the next up
-    Fault("move", "kill", f"as {WORKER}'s new VM is made", kill_when=step_starts(WORKER, "create-replacement"),
-          repair=import_made_vms),
+    Fault("move", "kill", f"as {WORKER}'s new VM is made", kill_when=step_starts(WORKER, "create-replacement")),
     Fault("move", "pve", f"{WORKER}'s new VM's create answers 500 (no quorum)",
           arm=lambda cluster: cluster.pve.fail("POST", "/nodes/pve/qemu", error="no_quorum", times=1)),
 ]
@@ -332,7 +332,7 @@ class Table:
                 self.project.cli("cancel", "--yes", "--stack", self.project.stack, check=False)
                 restored = True
             left_running = provider_hosts_left(self.project)
-            repaired = fault.repair(self.cluster, self.project)
+            repaired = import_made_vms(self.cluster, self.project)
         else:
             run = self.project.destroy(check=False) if teardown else self.project.up(check=False)
         fault.disarm(self.cluster)
