@@ -141,14 +141,17 @@ class PulumiProject:
         for name in PROGRAM:
             (self.project / name).symlink_to(REPO / name)
         (self.project / "stacks").mkdir()
-        (workdir / "state").mkdir()
+        self.backend = workdir / "state"
+        self.backend.mkdir()
         (workdir / "home").mkdir()
         self.runs: list[CliRun] = []
 
-    def another_stack(self, name: str) -> "PulumiProject":
-        """Stack `name` of the same program, on the same backend and Pulumi home (not yet initialised)."""
+    def elsewhere(self, name: str) -> "PulumiProject":
+        """The same program and stack (its stack file too) on another, empty backend `name` (as a second
+        machine, or CI, with a backend of its own); `pulumi stack init` it before use."""
         other = copy.copy(self)
-        other.stack, other.runs = name, []
+        other.backend, other.runs = self.workdir / name, []
+        other.backend.mkdir()
         return other
 
     @property
@@ -164,7 +167,7 @@ class PulumiProject:
             **keep,
             "PATH": path,
             "PULUMI_HOME": str(self.workdir / "home"),
-            "PULUMI_BACKEND_URL": (self.workdir / "state").as_uri(),
+            "PULUMI_BACKEND_URL": self.backend.as_uri(),
             "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
@@ -267,7 +270,7 @@ class PulumiProject:
     def restore_latest_backup(self) -> None:
         """What a user does when a killed run cut the state file mid-write ("failed to load checkpoint"):
         `pulumi stack import` of the newest copy the file backend kept under .pulumi/backups/."""
-        backups = sorted((self.workdir / "state" / ".pulumi" / "backups").rglob(f"{self.stack}.*.json"),
+        backups = sorted((self.backend / ".pulumi" / "backups").rglob(f"{self.stack}.*.json"),
                          key=lambda path: path.stat().st_mtime)
         assert backups, "no state backup to restore"
         checkpoint = json.loads(backups[-1].read_text())  # {"version", "checkpoint": {"stack", "latest"}}

@@ -27,8 +27,8 @@ so its rows are held to every invariant but the control-plane and etcd ones). CI
 the first deploy and the teardown made (see the README's "Faults"), which takes hours; `FAULT_TABLE=add,remove`
 adds those of the operations named.
 Before the teardown, two `pulumi up` of the stack at once: the second is refused by the backend's lock and does
-nothing; and a roll asked of the stack and of a copy of it (config and state) at once: the cluster's operations
-lock, across processes, keeps it to one node down at a time, and both finish.
+nothing; and a roll asked at once of the stack and of a copy of it on another backend (its state imported
+there): the cluster's operations lock, across processes, keeps it to one node down at a time, and both finish.
 """
 
 from __future__ import annotations
@@ -292,27 +292,25 @@ class Table:
             self.clean("add")
 
     def rolled_from_two_stacks(self) -> tuple[CliRun, CliRun, int]:
-        """The stack copied into a second stack of the project, its config and state (as a user who runs one
-        cluster from two places does), then one roll asked of both at once: both ups, and the most nodes down
-        at one moment meanwhile. The copy is taken out after (`stack rm`, which leaves the cluster alone)."""
-        other = self.project.another_stack(f"{self.project.stack}-copy")
-        other.cli("stack", "init", other.stack, "--secrets-provider", "passphrase",
-                  "--copy-config-from", self.project.stack)
-        other.cli("stack", "import", "--stack", other.stack,
-                  stdin=self.project.cli("stack", "export", "--stack", self.project.stack).stdout)
+        """The stack copied to a backend of its own (its state exported and imported there, the stack file
+        shared: as a user who runs one cluster from a laptop and from CI does), then one roll asked of both at
+        once: both ups, and the most nodes down at one moment meanwhile."""
+        other = self.project.elsewhere("state-elsewhere")
+        exported = self.project.cli("stack", "export", "--stack", self.project.stack).stdout
+        other.cli("stack", "init", other.stack, "--secrets-provider", "passphrase")
+        other.cli("stack", "import", "--stack", other.stack, stdin=exported)
         self.target("roll")
-        other.set_config(self.config())
         started = time.monotonic()
         runs: dict[str, CliRun] = {}
-        ups = [threading.Thread(target=lambda stack=stack: runs.__setitem__(stack.stack, stack.up(check=False)))
-               for stack in (self.project, other)]
+        stacks = {"here": self.project, "elsewhere": other}
+        ups = [threading.Thread(target=lambda place=place: runs.__setitem__(place, stacks[place].up(check=False)))
+               for place in stacks]
         for up in ups:
             up.start()
         for up in ups:
             up.join()
         down = most_down_at_once(self.cluster.nodes, [name for name, _, _ in self.nodes], started)
-        other.cli("stack", "rm", "--yes", "--force", "--stack", other.stack)
-        return runs[self.project.stack], runs[other.stack], down
+        return runs["here"], runs["elsewhere"], down
 
     def faulted(self, fault: Fault) -> Row:
         teardown = fault.operation == "teardown"
