@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import requests
+
 TASK_POLL_SECONDS = 1.0
 STILL_RUNNING_EVERY = 30.0
 
@@ -92,10 +94,13 @@ def start(api, vm: VmRef, *, timeout: float, sleep: Callable[[float], None] = ti
     try:
         upid = _qemu(api, vm).status.start.post()
         wait_task(api, vm.host, upid, timeout=timeout, sleep=sleep, clock=clock)
-    except Exception:
+    except Exception as error:
         try:
             running = _qemu(api, vm).status.current.get().get("status") == "running"
         except Exception:  # noqa: BLE001 - the start's own error is the one to report
             running = False
         if not running:
+            if isinstance(error, requests.exceptions.Timeout):
+                raise ProxmoxTaskError(f"PVE did not answer the start of {vm} in time (it may still carry it out, "
+                                       "and the next `pulumi up` takes it from there)") from None
             raise

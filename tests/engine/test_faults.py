@@ -587,6 +587,15 @@ def test_a_failed_start_stops_the_roll_naming_the_node_and_leaves_it_down_for_th
         assert ("update", f"lifecycle-{CP2}") in row.next_run.started()
 
 
+def test_a_start_pve_answers_late_stops_the_roll_naming_the_node(table):
+    [row] = [row for row in table.rows if row.fault.where.startswith(f"PVE answers {CP3}'s VM start")]
+    assert row.faulted.returncode != 0
+    errors = "".join(row.faulted.diagnostics("error"))
+    assert f"node {CP3} (127.0.0.104): power-cycling VM {CP3_VM} on pve to apply cpu " in errors, errors[-800:]
+    assert f"failed: PVE did not answer the start of VM {CP3_VM} on pve in time" in errors, errors[-800:]
+    assert ("update", f"lifecycle-{CP3}") in row.next_run.started()
+
+
 def test_each_fault_did_strike(table):
     """A fault that never struck proves nothing: the kills stopped the CLI, the others failed a call."""
     for row in table.rows:
