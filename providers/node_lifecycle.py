@@ -124,14 +124,19 @@ def snapshot_first(client, node: rolling.RollNode, props: dict[str, Any], event,
         event(f"etcd-snapshot s3://{target.bucket}/{key} (encrypted)", node.name)
 
 
+def _cluster_api(node: rolling.RollNode, props: dict[str, Any]) -> cluster_health.KubeApi:
+    """The Kubernetes API through this node (a control plane) or its peers; LookupError when none answers."""
+    control_planes = ([node] if node.role == "controlplane" else []) + _peers(props)
+    return kubernetes_api(control_planes, props["talosconfig"], _timeout(props))[0]
+
+
 def upgrade_step(props: dict[str, Any]) -> None:
     node = _node(props)
     event = progress_printer("upgrade", position=props.get("position"))
-    control_planes = ([node] if node.role == "controlplane" else []) + _peers(props)
 
     def kube() -> cluster_health.KubeApi:  # for the drain a Talos 1.13+ upgrade does on this side
         try:
-            return kubernetes_api(control_planes, props["talosconfig"], _timeout(props))[0]
+            return _cluster_api(node, props)
         except LookupError as exc:
             raise rolling.RollError(node, f"not upgraded: it must be drained first, and {exc}") from None
 
@@ -144,10 +149,18 @@ def upgrade_step(props: dict[str, Any]) -> None:
 def hardware_step(props: dict[str, Any], changes: dict[str, tuple], proxmox: ProxmoxAccess) -> None:
     node = _node(props)
     vm = vms.VmRef(props["vm"]["host"], int(props["vm_id"]))
+    event = progress_printer("hardware", position=props.get("position"))
+
+    def kube() -> Optional[cluster_health.KubeApi]:  # to see the other nodes Ready; not needed to power-cycle
+        try:
+            return _cluster_api(node, props)
+        except LookupError as exc:
+            event(f"other nodes not checked ({exc})", node.name)
+            return None
+
     with rolling.client_for(node, props["talosconfig"]) as client:
         vm_hardware.apply_hardware(client, proxmox.connect(), node, vm, changes, timeout=_timeout(props),
-                                   backoff=rolling.DEFAULT_BACKOFF,
-                                   on_event=progress_printer("hardware", position=props.get("position")))
+                                   backoff=rolling.DEFAULT_BACKOFF, kube=kube, on_event=event)
 
 
 class NodeLifecycleProvider(dynamic.ResourceProvider):

@@ -199,15 +199,24 @@ def node_problems(node_list: Optional[Mapping], expected_nodes: int) -> list[str
         problems.append(f"{len(items)} of {expected_nodes} expected nodes registered")
     for node in items:
         name = (node.get("metadata") or {}).get("name", "?")
-        ready = _condition(node, "Ready")
-        if ready is None:
-            problems.append(f"node {name}: no Ready condition yet")
-        elif ready.get("status") != "True":
-            why = ": ".join(x for x in (ready.get("reason"), ready.get("message")) if x)
-            problems.append(f"node {name} is not Ready" + (f" ({why})" if why else ""))
+        unready = not_ready(node)
+        if unready:
+            problems.append(unready)
         if (node.get("spec") or {}).get("unschedulable"):
             problems.append(f"node {name} is not schedulable (cordoned)")
     return problems
+
+
+def not_ready(node: Mapping) -> Optional[str]:
+    """Why the Node is not Ready (`node worker-2 is not Ready (NodeStatusUnknown: ...)`), or None when it is."""
+    name = (node.get("metadata") or {}).get("name", "?")
+    ready = _condition(node, "Ready")
+    if ready is None:
+        return f"node {name}: no Ready condition yet"
+    if ready.get("status") != "True":
+        why = ": ".join(x for x in (ready.get("reason"), ready.get("message")) if x)
+        return f"node {name} is not Ready" + (f" ({why})" if why else "")
+    return None
 
 
 def control_plane_pod_problems(node_list: Optional[Mapping], pod_list: Optional[Mapping]) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 from talos_proxmox.day_two import node_drain, talos_health
-from talos_proxmox.day_two.cluster_health import KubeApi, KubeApiError
+from talos_proxmox.day_two.cluster_health import KubeApi, KubeApiError, not_ready
 from talos_proxmox.talos_api import errors
 from talos_proxmox.talos_api.client import TalosClient
 from talos_proxmox.talos_api.retry import Backoff, GaveUp, call_with_retry
@@ -114,6 +114,36 @@ def wait_healthy(client: TalosClient, node: RollNode, *, expected_tag: Optional[
         raise RollError(node, f"not healthy after {timeout:g}s: {last}") from None
     except errors.TalosApiError as exc:
         raise RollError(node, f"health check failed: {exc}") from None
+
+
+def wait_others_ready(api: KubeApi, node: RollNode, *, timeout: float, backoff: Backoff = DEFAULT_BACKOFF,
+                      on_event: Optional[Event] = None, sleep=time.sleep, clock=time.monotonic) -> None:
+    """Before `node` goes down: every other Node Ready in the API server, so that a roll never has two nodes
+    down at once (one stopped by hand or crashed, or one not yet back in Kubernetes after its own step).
+    Waits up to `timeout`, then RollError naming the nodes that are not Ready."""
+    seen: list[str] = []
+
+    def check(_remaining: float) -> None:
+        listed = api.get("/api/v1/nodes") or {}
+        found = [problem for other in listed.get("items") or ()
+                 if (other.get("metadata") or {}).get("name") != node.name
+                 for problem in [not_ready(other)] if problem]
+        if found:
+            if found != seen and on_event is not None:
+                on_event(f"waiting for the other nodes ({'; '.join(found)})", node.name)
+            seen[:] = found
+            raise NodeNotHealthy("; ".join(found))
+
+    try:
+        call_with_retry(check, timeout=timeout, what=f"wait for the nodes beside {node.name} to be Ready",
+                        backoff=backoff, sleep=sleep, clock=clock,
+                        retry_if=lambda error: isinstance(error, NodeNotHealthy) or (
+                            isinstance(error, KubeApiError) and error.retryable))
+    except GaveUp as exc:
+        raise RollError(node, f"not taken down: {exc.last_error} after {timeout:g}s, and a roll takes one node "
+                              "down at a time (bring it back, or take it out of `nodes`)") from None
+    except KubeApiError as exc:
+        raise RollError(node, f"not taken down: the other nodes' readiness cannot be read: {exc}") from None
 
 
 def _wait_rebooted(client: TalosClient, node: RollNode, tag_before: str, expected_tag: Optional[str], *,
@@ -247,9 +277,10 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
                  sleep=time.sleep, clock=time.monotonic) -> None:
     """Upgrade one node to the installer `image` and wait until it is back, healthy, on `talos_version`.
 
-    The node must be healthy first (a node that is already failing is not made worse), and a control
-    plane must not be one of two etcd members. A node that already runs `talos_version` (a rerun after
-    a roll stopped part-way) is left alone. Then, as `talosctl upgrade` does for the node's version:
+    The node must be healthy first (a node that is already failing is not made worse), a control
+    plane must not be one of two etcd members, and (Talos 1.13 and later, through the Kubernetes API)
+    every other Node must be Ready. A node that already runs `talos_version` (a rerun after a roll
+    stopped part-way) is left alone. Then, as `talosctl upgrade` does for the node's version:
     - Talos 1.13 and later (`uses_lifecycle_api`): pull the installer, install it, drain the node through
       the Kubernetes API `kube()` gives (node_drain; Talos's Reboot does not drain), reboot, and
       uncordon once it is healthy again (unless it was cordoned before);
@@ -272,6 +303,11 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
         problem = etcd_quorum_problem(client, node)
         if problem:
             raise RollError(node, f"not upgraded: {problem}")
+    # before anything is done: a node that cannot be drained, or beside a node that is down, is left as it is
+    api = kube() if kube is not None and uses_lifecycle_api(tag_before) else None
+    if api is not None:
+        wait_others_ready(api, node, timeout=min(preflight_timeout, remaining()), backoff=backoff, on_event=event,
+                          sleep=sleep, clock=clock)
     if before_upgrade is not None:
         before_upgrade()  # e.g. the etcd snapshot, once it is certain the node is going down
     if not uses_lifecycle_api(tag_before):
@@ -287,7 +323,6 @@ def upgrade_node(client: TalosClient, node: RollNode, image: str, *, talos_versi
             raise RollError(node, f"the upgrade request to {image} got no answer ({unanswered}); then it "
                                   f"{exc.what}") from None
         return
-    api = kube() if kube is not None else None  # before installing: a node that cannot be drained is left as it is
     _install_with_lifecycle_api(client, node, image, remaining=remaining, backoff=backoff, event=event, sleep=sleep,
                                 clock=clock)
     uncordon_after = False  # a node someone cordoned before stays cordoned

@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Mapping, Optional
 
 from talos_proxmox.day_two import rolling
+from talos_proxmox.day_two.cluster_health import KubeApi
 from talos_proxmox.engine_values import with_integers
 from talos_proxmox.proxmox_api import vms
 from talos_proxmox.talos_api import errors
@@ -39,10 +40,13 @@ def hardware_changes(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -
 def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: Mapping[str, tuple], *,
                    timeout: float, backoff: Backoff = rolling.DEFAULT_BACKOFF,
                    preflight_timeout: float = rolling.PREFLIGHT_TIMEOUT,
+                   kube: Optional[Callable[[], Optional[KubeApi]]] = None,
                    on_event: Optional[rolling.Event] = None, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.monotonic) -> None:
-    """Bring the VM's pending hardware in: node healthy, Talos shutdown, Proxmox start, node healthy again.
-    A VM found stopped (a roll cut short after its shutdown) is started and must come back healthy.
+    """Bring the VM's pending hardware in: node healthy, every other Node Ready (when `kube()` gives the
+    Kubernetes API; a cluster whose API is down may need this very change), Talos shutdown, Proxmox start,
+    node healthy again. A VM found stopped (a roll cut short after its shutdown) is started and must come
+    back healthy.
 
     `client` is the node's Talos client, `api` a Proxmox client (proxmoxer). With nothing pending
     (Proxmox hot-plugged the change) the node is not touched. RollError names the node on failure.
@@ -74,6 +78,10 @@ def apply_hardware(client, api, node: rolling.RollNode, vm: vms.VmRef, changes: 
         if not pending:
             event(f"hardware-applied-live ({what})", node.name)
             return
+        cluster = kube() if kube is not None else None
+        if cluster is not None:
+            rolling.wait_others_ready(cluster, node, timeout=min(preflight_timeout, left()), backoff=backoff,
+                                      on_event=event, sleep=sleep, clock=clock)
         event(f"shutdown-requested ({what}; pending: {', '.join(sorted(pending))})", node.name)
         try:
             client.shutdown(force=False, timeout=rolling.CALL_TIMEOUT)

@@ -719,3 +719,31 @@ def test_an_upgrade_call_that_never_gets_through_names_the_retried_step(cluster,
     assert re.match(rf"node worker-1 \(10\.5\.0\.11\): upgrade to {re.escape(IMAGE)} (was refused: upgrade "
                     rf"worker-1: gave up after |got no answer before the roll's deadline)", str(failed.value))
     assert len(fakes["worker-1"].calls_for("Upgrade")) > 1
+
+
+def _nodes_with_one_down(down: str) -> list[dict]:
+    return [k8s_node(name, False, "NodeStatusUnknown", "Kubelet stopped posting node status.") if name == down
+            else k8s_node(name, True) for name in ROLL]
+
+
+def test_a_node_is_not_taken_down_while_another_node_is_not_ready(current_cluster):
+    """cp-3 stopped by hand: upgrading worker-1 then would have two nodes down at once."""
+    nodes, fakes, kube, credentials = current_cluster
+    kube.states = [(_nodes_with_one_down("cp-3"), coredns(2))]
+    events = []
+    with pytest.raises(RollError) as refused:
+        _current_upgrade(credentials, nodes, kube, "worker-1", events=events, preflight_timeout=1)
+    assert str(refused.value) == (
+        "node worker-1 (10.5.0.11): not taken down: node cp-3 is not Ready (NodeStatusUnknown: Kubelet stopped "
+        "posting node status.) after 1s, and a roll takes one node down at a time (bring it back, or take it out of "
+        "`nodes`)")
+    assert events == ["healthy-before", "waiting for the other nodes (node cp-3 is not Ready (NodeStatusUnknown: "
+                                        "Kubelet stopped posting node status.))"]
+    assert _timeline(fakes, kube) == [] and kube.changes == []  # no pull, no install, no cordon
+
+
+def test_the_node_s_own_readiness_does_not_hold_its_upgrade(current_cluster):
+    nodes, fakes, kube, credentials = current_cluster
+    kube.states = [(_nodes_with_one_down("worker-1"), coredns(2))]
+    _current_upgrade(credentials, nodes, kube, "worker-1", preflight_timeout=1)
+    assert fakes["worker-1"].version_tag == NEXT

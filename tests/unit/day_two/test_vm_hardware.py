@@ -6,6 +6,7 @@ import pytest
 
 from providers.node_lifecycle import NodeLifecycleProvider
 from talos_proxmox.day_two import vm_hardware
+from talos_proxmox.day_two.cluster_health import KubeApi, read_kubeconfig
 from talos_proxmox.day_two.rolling import RollError
 from talos_proxmox.proxmox_api import vms
 from talos_proxmox.talos_api.client import TalosClient
@@ -13,6 +14,7 @@ from talos_proxmox.talos_api.generated.machine import machine_pb2
 from talos_proxmox.talos_config.client_config import talosconfig as make_talosconfig
 from tests.support import seed_cluster as seed
 from tests.support.day_two import FAST, bundle, credentials, fast_backoff, stand_in_cluster, stop_all  # noqa: F401 - fixtures
+from tests.stand_ins.kubernetes_api import StandInApi, coredns, node as k8s_node
 from tests.stand_ins.proxmox_ve import PVE_HOST, TOKEN_SECRET, serve_proxmox
 
 VM_ID = 9101
@@ -38,10 +40,11 @@ def pve(node):
         yield pve
 
 
-def _apply(credentials, roll_node, pve, changes, events, timeout=10.0):
+def _apply(credentials, roll_node, pve, changes, events, timeout=10.0, **options):
     with TalosClient([roll_node.endpoint], credentials=credentials, node=roll_node.address, timeout=5) as client:
         vm_hardware.apply_hardware(client, pve.client(), roll_node, vms.VmRef(PVE_HOST, VM_ID), changes,
-                                   timeout=timeout, backoff=FAST, on_event=lambda what, name: events.append(what))
+                                   timeout=timeout, backoff=FAST, on_event=lambda what, name: events.append(what),
+                                   **options)
 
 
 # --- what rolls ------------------------------------------------------------------------------------
@@ -202,8 +205,11 @@ def test_the_provider_rolls_a_memory_change_with_the_stacks_proxmox_token(node, 
     assert outs["vm"]["memory_mib"] == 8192 and fake.reboots == 1
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("talos-proxmox: hardware")]
-    assert [line.split(": ", 2)[1] for line in lines] == ["hardware cp-1 (1 of 1)"] * 5
-    assert lines[1].startswith("talos-proxmox: hardware cp-1 (1 of 1): shutdown-requested (memory 4096 -> 8192; "
+    assert [line.split(": ", 2)[1] for line in lines] == ["hardware cp-1 (1 of 1)"] * 6
+    # the stand-in node hands out no kubeconfig: the other nodes' readiness goes unchecked, said so, and it rolls
+    assert lines[1].startswith("talos-proxmox: hardware cp-1 (1 of 1): other nodes not checked (no control plane "
+                               "gave a kubeconfig (cp-1: KubeconfigError)) (")
+    assert lines[2].startswith("talos-proxmox: hardware cp-1 (1 of 1): shutdown-requested (memory 4096 -> 8192; "
                                "pending: memory) (")
     assert TOKEN_SECRET not in err
 
@@ -252,3 +258,27 @@ def test_a_long_power_off_prints_a_line_while_it_lasts():
     vms.wait_stopped(Api(), vms.VmRef(PVE_HOST, VM_ID), timeout=60, sleep=sleep, clock=lambda: now[0],
                      still_running=lambda: lines.append(now[0]), every=3)
     assert lines == [3.0, 6.0]
+
+
+def test_a_node_beside_one_that_is_not_ready_is_not_shut_down(node, pve, credentials):
+    roll_node, fake = node
+    pve.vm_changed(VM_ID, {"memory": 8192})
+    kube = StandInApi([([k8s_node("cp-1", True), k8s_node("worker-2", False, "NodeStatusUnknown", "Kubelet stopped "
+                                                           "posting node status.")], coredns(2))])
+    try:
+        with pytest.raises(RollError, match=r"^node cp-1 \(10\.5\.0\.1\): not taken down: node worker-2 is not "
+                                            r"Ready \(NodeStatusUnknown: .*\) after 1s"):
+            _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, [], preflight_timeout=1,
+                   kube=lambda: KubeApi(read_kubeconfig(kube.kubeconfig())))
+    finally:
+        kube.close()
+    assert fake.calls_for("Shutdown") == [] and pve.vm(VM_ID).status == "running"
+    assert pve.vm(VM_ID).pending == {"memory": 8192}  # still waiting for a roll that may take the node down
+
+
+def test_without_a_kubernetes_api_the_hardware_still_rolls(node, pve, credentials):
+    """A cluster whose API is down may need this very change (more memory for its control planes)."""
+    roll_node, fake = node
+    pve.vm_changed(VM_ID, {"memory": 8192})
+    _apply(credentials, roll_node, pve, {"memory_mib": (4096, 8192)}, [], kube=lambda: None)
+    assert pve.vm(VM_ID).config["memory"] == 8192 and len(fake.calls_for("Shutdown")) == 1
