@@ -292,9 +292,12 @@ def test_hardware_change_updates_each_vm_and_lifecycle_and_no_talos_config(ups):
     for name in ROLL_ORDER:
         assert up.resource(name)["inputs"]["cpu"]["cores"] == 4, name
         assert up.resource(f"lifecycle-{name}")["outputs"]["vm"]["memory_mib"] == 6144, name
-        # Talos is asked for its health and to shut down (drained), nothing else: no apply, no upgrade
+        # Talos is asked for its health and to shut down (drained), and a control plane for the kubeconfig through
+        # which each roll reads the other Nodes' readiness first; nothing else: no apply, no upgrade
         calls = up.new_calls(ups["kubernetes"], name)
-        assert {c.rpc for c in calls} <= {"ServiceList", "EtcdMemberList", "Get", "Version", "Shutdown"}, name
+        assert {c.rpc for c in calls} <= {"ServiceList", "EtcdMemberList", "Get", "Version", "Shutdown",
+                                          *(("Kubeconfig",) if name.startswith("e2e-cp") else ())}, name
+        assert bool(rpcs(calls, "Kubeconfig")) == name.startswith("e2e-cp"), name  # its own step asks itself first
         [shutdown] = rpcs(calls, "Shutdown")
         assert (shutdown.request.force, shutdown.roles) == (False, ("os:admin",)), name
 
