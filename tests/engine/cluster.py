@@ -514,8 +514,8 @@ class KubernetesWiring:
                    if name in self._fakes and self._fakes[name].is_up and self._fakes[name].mode == "configured"]
         if not running:
             return
-        nodes = {node["metadata"]["name"]: node for node in self._list("/api/v1/nodes")}
-        pods = {pod["metadata"]["name"]: pod for pod in self._list(MIRROR_PODS)}
+        nodes = {node["metadata"]["name"]: node for node in self._items("/api/v1/nodes", timeout=5)}
+        pods = {pod["metadata"]["name"]: pod for pod in self._items(MIRROR_PODS, timeout=5)}
         for fake in running:
             node = nodes.get(fake.hostname)
             if node is None:  # taken out of the cluster: its kubelet registers it again when it rejoins
@@ -536,12 +536,6 @@ class KubernetesWiring:
                       and not pod["metadata"].get("deletionTimestamp")):
                     self._changed(f"/api/v1/namespaces/kube-system/pods/{pod['metadata']['name']}", "DELETE",
                                   {"gracePeriodSeconds": 0}, gone_too=True)
-
-    def _list(self, path: str) -> list[dict]:
-        response = self.kube.request("GET", path, timeout=5)
-        if response.status_code != 200:
-            raise RuntimeError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
-        return response.json()["items"]
 
     def _changed(self, path: str, method: str, body: dict, *, gone_too: bool = False) -> None:
         response = self.kube.request(method, path, body, timeout=5)
@@ -607,8 +601,8 @@ class KubernetesWiring:
                 self.errors.append(f"played controllers: {exc}")
                 return
 
-    def _items(self, path: str, *, scheduled: bool = False, ready: bool = False) -> list[dict]:
-        response = self.kube.request("GET", path)
+    def _items(self, path: str, *, scheduled: bool = False, ready: bool = False, timeout: float = 30.0) -> list[dict]:
+        response = self.kube.request("GET", path, timeout=timeout)
         if response.status_code != 200:
             raise RuntimeError(f"GET {path}: HTTP {response.status_code}: {response.text[:300]}")
         return [pod for pod in response.json()["items"]
